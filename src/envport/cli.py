@@ -1,0 +1,69 @@
+"""The `envport` command line.
+
+Each subcommand lives in envport/commands/<name>.py and exposes
+`register(subparsers)`, which adds its parser and sets `func(args) -> int`.
+The command modules import heavy libraries (docker, torch, spython) lazily,
+inside the functions that need them, so `envport render` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import EnvportError
+
+# Order is the order of `envport --help`.
+COMMANDS = [
+    "validate",
+    "schema",
+    "show",
+    "render",
+]
+
+EXIT_CODES_HELP = """exit codes:
+  0  ok (every step OK, present or skipped)
+  1  failed (something broke; the log tail is printed)
+  2  usage error or invalid spec
+  3  refused (the host cannot do it, or it does not match the spec; reason + fix printed)
+  5  no accelerator where the spec requires one
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="envport",
+        description="Render one env spec (specs/<name>.yaml) to a Dockerfile, an Apptainer .def "
+        "or conda/venv setup scripts; build it; prove it with testinfra and witnesses.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"envport {__version__}")
+    parser.add_argument(
+        "-C", "--root", default=None,
+        help="project root holding specs/ and images/ (default: nearest parent of the cwd with specs/)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f".commands.{name}", __package__).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except EnvportError as exc:
+        print(f"envport: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("envport: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""The env spec: pydantic models, unknown keys forbidden.
+
+Everything that can reach a shell or a recipe is checked here so that the
+renderers never meet a value they cannot quote: names, env keys, package
+names, container paths.  Free text that is meant for a shell (run_commands,
+cli checks) is passed through as written, but never with control characters
+that would break a Dockerfile line or a `.def` section.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+from typing import Annotated, Any, Optional
+
+from packaging.requirements import InvalidRequirement, Requirement
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Docker/OCI image reference: registry/path:tag@digest, no shell metacharacters.
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+DEB_PKG_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
+# Container paths may hold spaces (they are quoted everywhere) but never quotes,
+# `$`, backticks, globs or backslashes: those cannot be written into a `.def`
+# %files line or a Dockerfile COPY without changing meaning on some engine.
+SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9 ._+@=,%/-]+$")
+LABEL_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+SM_RE = re.compile(r"^sm_\d{2,3}a?$")
+URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\]+$")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _no_control(value: str) -> str:
+    if CONTROL_RE.search(value):
+        raise ValueError(
+            "must not contain newlines, tabs or other control characters "
+            "(split a multi-line command into several entries or a shim file)"
+        )
+    return value
+
+
+def _slug(value: str) -> str:
+    if not SLUG_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: expected lowercase letters, digits and '-', "
+            "starting with a letter or digit, at most 63 characters"
+        )
+    return value
+
+
+def _container_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} must be an absolute container path (start with '/')")
+    if not SAFE_PATH_RE.match(value):
+        raise ValueError(
+            f"{value!r} has characters that cannot be quoted safely in every recipe; "
+            "use letters, digits, spaces and ._+@=,%/-"
+        )
+    if ".." in value.split("/"):
+        raise ValueError(f"{value!r} must not contain '..'")
+    if value != "/" and value.rstrip("/") != posixpath.normpath(value):
+        raise ValueError(f"{value!r} is not normalized; write {posixpath.normpath(value)!r}")
+    return value.rstrip("/") or "/"
+
+
+def _requirement(value: str) -> str:
+    _no_control(value)
+    try:
+        req = Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{value!r} is not a valid requirement ({exc}); e.g. 'torch==2.4.1'") from None
+    if req.url:
+        raise ValueError(f"{value!r}: direct URL requirements are not supported; use find_links or a wheelhouse")
+    if req.marker is not None:
+        raise ValueError(f"{value!r}: environment markers are not supported; phases are per env already")
+    return value
+
+
+def _url(value: str) -> str:
+    if not URL_RE.match(value):
+        raise ValueError(f"{value!r} is not an http(s):// or file:// URL without quotes or spaces")
+    return value
+
+
+def _find_link(value: str) -> str:
+    if URL_RE.match(value):
+        return value
+    return _container_path(value)
+
+
+Slug = Annotated[str, AfterValidator(_slug)]
+ContainerPath = Annotated[str, AfterValidator(_container_path)]
+RequirementStr = Annotated[str, AfterValidator(_requirement)]
+Url = Annotated[str, AfterValidator(_url)]
+FindLink = Annotated[str, AfterValidator(_find_link)]
+Line = Annotated[str, AfterValidator(_no_control)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _phase_from_list(value: Any) -> Any:
+    # A bare list is the common case: one pip call with those requirements.
+    if isinstance(value, list):
+        return {"packages": value}
+    return value
+
+
+class PipPhase(Model):
+    packages: list[RequirementStr] = Field(min_length=1, description="requirements for this one pip call")
+    index_url: Optional[Url] = None
+    extra_index_urls: list[Url] = []
+    find_links: list[FindLink] = []
+    no_deps: bool = False
+    force_reinstall: bool = False
+    pre: bool = False
+
+    @field_validator("packages")
+    @classmethod
+    def _unique_packages(cls, value: list[str]) -> list[str]:
+        names = [canonical_name(Requirement(v).name) for v in value]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"names {', '.join(dupes)} more than once in one phase; pip would refuse it")
+        return value
+
+
+Phase = Annotated[PipPhase, BeforeValidator(_phase_from_list)]
+
+
+class WeightFile(Model):
+    path: str = Field(description="path relative to the weight dir")
+    sha256: Optional[str] = None
+    size: Optional[int] = Field(default=None, ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/") or not SAFE_PATH_RE.match(value):
+            raise ValueError(f"{value!r} must be a relative path inside the weight dir, without '..'")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not SHA256_RE.match(value):
+            raise ValueError("expected 64 lowercase hex digits")
+        return value
+
+
+class WeightDir(Model):
+    path: ContainerPath
+    env: Optional[str] = None
+    source: Line = ""
+    gated: bool = False
+    auth_hint: Optional[Line] = None
+    size_gb: Optional[float] = Field(default=None, ge=0)
+    files: list[WeightFile] = []
+
+    @field_validator("env")
+    @classmethod
+    def _env_key(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not ENV_KEY_RE.match(value):
+            raise ValueError(f"{value!r} is not a valid environment variable name")
+        return value
+
+
+class CliCheck(Model):
+    cmd: Line
+    expect: str = Field(description="a Python regex searched for in the command's output")
+
+    @field_validator("expect")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a valid regex: {exc}") from None
+        return value
+
+
+class Collectives(Model):
+    world_size: int = Field(default=2, ge=1, le=64)
+
+
+class DTensorCheck(Model):
+    mesh: list[int] = Field(min_length=1, max_length=2)
+
+    @field_validator("mesh")
+    @classmethod
+    def _square(cls, value: list[int]) -> list[int]:
+        if any(v < 1 for v in value):
+            raise ValueError("mesh sizes must be >= 1")
+        if len(value) == 2 and value[0] != value[1]:
+            raise ValueError(f"a 2-D mesh must be square (e.g. [2, 2]), got {value}")
+        return value
+
+
+def _module(value: str) -> str:
+    if not MODULE_RE.match(value):
+        raise ValueError(f"{value!r} is not an importable module name")
+    return value
+
+
+class Witnesses(Model):
+    imports: list[Annotated[str, AfterValidator(_module)]] = []
+    cli: list[CliCheck] = []
+    kernel: bool = False
+    collectives: Optional[Collectives] = None
+    dtensor: Optional[DTensorCheck] = None
+
+
+
+class Resources(Model):
+    cpus: int = Field(default=1, ge=1)
+    mem_gib: float = Field(default=4, gt=0)
+    gpus: int = Field(default=0, ge=0)
+
+
+class Spec(Model):
+    """One env. See docs/spec.md for every field and the `extends` merge rules."""
+
+    name: Slug
+    description: str = ""
+    extends: Optional[Slug] = None
+    base: str = Field(description="base image reference, e.g. debian:bookworm-slim")
+    python: str = Field(description="the env's interpreter, MAJOR.MINOR, e.g. '3.11'")
+    system_pkgs: list[str] = []
+    pip_phases: list[Phase] = Field(default=[], description="each phase is ONE pip call, in this order")
+    env: dict[str, Line] = {}
+    run_commands: list[Line] = []
+    shim_files: dict[ContainerPath, str] = Field(default={}, description="container path -> file under specs/")
+    weight_dirs: dict[Slug, WeightDir] = {}
+    witnesses: Witnesses = Witnesses()
+    resources: Resources = Resources()
+    sm_range: Optional[list[str]] = None
+    labels: dict[str, Line] = {}
+
+    @field_validator("base")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not IMAGE_RE.match(value):
+            raise ValueError(f"{value!r} is not an image reference like 'debian:bookworm-slim'")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        if not PYTHON_RE.match(value):
+            raise ValueError(f"{value!r} is not a Python version like '3.11' (quote it in YAML)")
+        return value
+
+    @field_validator("system_pkgs")
+    @classmethod
+    def _debs(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not DEB_PKG_RE.match(v)]
+        if bad:
+            raise ValueError(f"not Debian package names: {bad}; expected e.g. 'git' or 'curl=7.88.1-10'")
+        return value
+
+    @field_validator("env", "labels", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        # YAML reads `PORT: 8080` as an int; an env value is always a string.
+        if isinstance(value, dict):
+            return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (int, float, bool)) else v
+                    for k, v in value.items()}
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not ENV_KEY_RE.match(k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {bad}; expected [A-Za-z_][A-Za-z0-9_]*")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not LABEL_KEY_RE.match(k)]
+        if bad:
+            raise ValueError(f"not label keys: {bad}; expected lowercase [a-z0-9._-], e.g. 'org.example.team'")
+        reserved = [k for k in value if k.startswith("envport.")]
+        if reserved:
+            raise ValueError(f"label keys {reserved} are reserved for envport's own labels")
+        return value
+
+    @field_validator("shim_files")
+    @classmethod
+    def _shim_sources(cls, value: dict[str, str]) -> dict[str, str]:
+        for dest, src in value.items():
+            if not isinstance(src, str) or not src or src.startswith("/") or ".." in src.split("/") \
+                    or not SAFE_PATH_RE.match(src):
+                raise ValueError(
+                    f"source {src!r} for {dest!r} must be a relative path under specs/ "
+                    "(e.g. files/run.py), without '..'"
+                )
+        return value
+
+    @field_validator("sm_range")
+    @classmethod
+    def _sm_range(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        if value is None:
+            return value
+        if len(value) != 2 or not all(SM_RE.match(v) for v in value):
+            raise ValueError(f"expected [lowest, highest] like [sm_80, sm_90], got {value}")
+        lo, hi = (int(v[3:].rstrip("a")) for v in value)
+        if lo > hi:
+            raise ValueError(f"{value[0]} is above {value[1]}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Spec":
+        env_paths = {w.env: name for name, w in self.weight_dirs.items() if w.env}
+        for key, wname in env_paths.items():
+            wdir = self.weight_dirs[wname].path
+            if key in self.env and self.env[key] != wdir:
+                raise ValueError(
+                    f"env.{key} is {self.env[key]!r} but weight_dirs.{wname} points it at {wdir!r}; "
+                    "drop one of them"
+                )
+        return self
+
+    def dtensor_world(self) -> int:
+        if not self.witnesses.dtensor:
+            return 0
+        return math.prod(self.witnesses.dtensor.mesh)
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalization: `Foo_Bar.baz` and `foo-bar-baz` are the same package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def last_pins(spec: Spec) -> dict[str, str]:
+    """Each package's version as pinned by the LAST phase that names it (== only)."""
+    pins: dict[str, str] = {}
+    for phase in spec.pip_phases:
+        for text in phase.packages:
+            req = Requirement(text)
+            name = canonical_name(req.name)
+            exact = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+            if exact:
+                pins[name] = exact[0]
+            else:
+                pins.pop(name, None)
+    return pins
