@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import posixpath
 import re
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Union
 
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
@@ -139,7 +139,10 @@ class PipPhase(Model):
         return value
 
 
-Phase = Annotated[PipPhase, BeforeValidator(_phase_from_list)]
+Phase = Annotated[
+    PipPhase,
+    BeforeValidator(_phase_from_list, json_schema_input_type=Union[list[RequirementStr], PipPhase]),
+]
 
 
 class WeightFile(Model):
@@ -304,10 +307,10 @@ class Spec(Model):
     @classmethod
     def _shim_sources(cls, value: dict[str, str]) -> dict[str, str]:
         for dest, src in value.items():
-            if not isinstance(src, str) or not src or src.startswith("/") or ".." in src.split("/") \
-                    or not SAFE_PATH_RE.match(src):
+            if not isinstance(src, str) or not src.startswith("files/") or ".." in src.split("/") \
+                    or not SAFE_PATH_RE.match(src) or src.endswith("/"):
                 raise ValueError(
-                    f"source {src!r} for {dest!r} must be a relative path under specs/ "
+                    f"source {src!r} for {dest!r} must be a file under specs/files/ "
                     "(e.g. files/run.py), without '..'"
                 )
         return value

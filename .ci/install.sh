@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what the real-service tests need: Debian packages for the docker
+# engine, debootstrap, one-node Slurm, sshd and squashfs, then envport itself
+# with its test extra. Idempotent: installed packages are not touched again.
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+packages=(docker.io debootstrap slurm-wlm munge openssh-server squashfs-tools)
+# Another apt/dpkg run (e.g. a provisioning step) may hold the lock: wait for
+# it, but not forever.
+lock_wait_s=${ENVPORT_APT_LOCK_WAIT:-600}
+
+missing=()
+for pkg in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+
+if ((${#missing[@]})); then
+    echo "install: apt packages missing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get -o DPkg::Lock::Timeout="$lock_wait_s" update
+    apt-get -o DPkg::Lock::Timeout="$lock_wait_s" install -y --no-install-recommends "${missing[@]}"
+else
+    echo "install: apt packages present: ${packages[*]}"
+fi
+
+cd "$repo_root"
+python3 -m pip install -e '.[test]'
+echo "install: done"

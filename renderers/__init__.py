@@ -1,0 +1,70 @@
+"""Renderers: pure functions `plan -> {filename: text}`, one module + one template per target.
+
+Importable as `envport.renderers` (pyproject maps this top-level folder into
+the package).  Bump RENDERER_VERSION whenever a template change would change
+what gets built: it feeds the content hash, so every env is rebuilt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+from pathlib import Path
+
+import jinja2
+
+RENDERER_VERSION = "1"
+TARGETS = ("docker", "apptainer", "shell")
+TEMPLATES = Path(__file__).parent
+
+
+def docker_quote(value: str) -> str:
+    """A Dockerfile ENV/LABEL value that reaches the container byte-for-byte.
+
+    Docker substitutes $VAR inside ENV and unescapes backslashes inside double
+    quotes (RECIPES.md, measured), so JSON quoting alone is not literal.
+    """
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{escaped}"'
+
+
+def def_quote(value: str) -> str:
+    """A double-quoted path for a `.def` %files line (spaces allowed, nothing else special)."""
+    return f'"{value}"'
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        # Shell's ${#array[@]} would open a Jinja comment with the default `{#`.
+        comment_start_string="{##",
+        comment_end_string="##}",
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["dq"] = docker_quote
+    env.filters["defq"] = def_quote
+    # `K="v" \<newline>    K2="v2"`: Dockerfile ENV/LABEL pairs, one per line.
+    env.filters["docker_pairs"] = lambda pairs, indent: (" \\\n" + " " * indent).join(
+        f"{k}={docker_quote(v)}" for k, v in pairs
+    )
+    return env
+
+
+ENV = _env()
+
+
+def template(name: str) -> jinja2.Template:
+    return ENV.get_template(name)
+
+
+def render_target(target: str, plan, hash_: str) -> dict[str, str]:
+    """Render one target: {relative file name: text}."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    module = importlib.import_module(f"{__name__}.{target}")
+    return module.render(plan, hash_)

@@ -1,0 +1,55 @@
+"""What every renderer shares: step titles and the envport-owned env vars and labels."""
+
+from __future__ import annotations
+
+from envport.plan import Plan, PipStep, step_marker
+
+
+def title(step) -> str:
+    """A one-line human title for a step, the same on every target."""
+    kind = step.kind
+    if kind == "base":
+        return f"base {step.image}"
+    if kind == "system":
+        return f"system packages ({len(step.packages)})"
+    if kind == "python":
+        return f"python {step.version}"
+    if kind == "env":
+        return f"env ({len(step.vars)} vars)"
+    if isinstance(step, PipStep):
+        first = ", ".join(step.packages[:3]) + (" ..." if len(step.packages) > 3 else "")
+        return f"pip phase {step.index}: {first}"
+    if kind == "files":
+        return f"shim files ({len(step.files)})"
+    if kind == "run":
+        return f"run commands ({len(step.commands)})"
+    if kind == "weights":
+        return f"weight mount points ({len(step.mounts)})"
+    if kind == "labels":
+        return "labels and hash"
+    raise ValueError(f"renderer does not know step kind {kind!r}")
+
+
+def own_env(plan: Plan, hash_: str) -> list[tuple[str, str]]:
+    return [("ENVPORT_HASH", hash_), ("ENVPORT_NAME", plan.name)]
+
+
+def own_labels(plan: Plan, hash_: str) -> list[tuple[str, str]]:
+    from . import RENDERER_VERSION
+    return [("envport.hash", hash_), ("envport.name", plan.name), ("envport.renderer", RENDERER_VERSION)]
+
+
+def context(plan: Plan, hash_: str) -> dict:
+    steps = list(plan.steps)
+    return {
+        "plan": plan,
+        "name": plan.name,
+        "hash": hash_,
+        "hash12": hash_[:12],
+        "steps": [
+            {"step": s, "kind": s.kind, "marker": step_marker(s), "title": title(s), "n": i, "total": len(steps)}
+            for i, s in enumerate(steps, start=1)
+        ],
+        "own_env": own_env(plan, hash_),
+        "own_labels": own_labels(plan, hash_),
+    }
