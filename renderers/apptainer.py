@@ -23,6 +23,8 @@ def render(plan, hash_: str) -> dict[str, str]:
     steps = {s.kind: s for s in plan.steps}
     ctx["files"] = list(steps["files"].files) if "files" in steps else []
     ctx["labels"] = list(steps["labels"].labels) if "labels" in steps else []
+    ctx["ca"] = steps.get("ca")
+    ctx["wheelhouse"] = any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps)
     ctx["venv"] = steps["python"].venv if "python" in steps else ""
     ctx["runtime_env"] = (list(steps["env"].vars) if "env" in steps else []) + ctx["own_env"]
     return {filename(plan): template("apptainer.def.j2").render(ctx)}

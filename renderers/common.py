@@ -10,6 +10,8 @@ def title(step) -> str:
     kind = step.kind
     if kind == "base":
         return f"base {step.image}"
+    if kind == "ca":
+        return "site CA bundle"
     if kind == "system":
         return f"system packages ({len(step.packages)})"
     if kind == "python":

@@ -16,15 +16,19 @@ HASH_FORMAT = 1
 
 
 def hash_inputs(loaded, site: Any = None) -> dict:
+    """Site fields that reach a recipe enter through the plan (`apply_site`)."""
     from envport.renderers import RENDERER_VERSION
 
     from .plan import make_plan
 
+    plan = make_plan(loaded)
+    if site is not None:
+        from .site import apply_site
+        plan = apply_site(plan, site)
     return {
         "format": HASH_FORMAT,
         "renderer_version": RENDERER_VERSION,
-        "plan": make_plan(loaded).canonical(),
-        "site": site.recipe_fields() if site is not None else {},
+        "plan": plan.canonical(),
     }
 
 

@@ -29,6 +29,16 @@ class BaseStep:
 
 
 @dataclass(frozen=True)
+class CaStep:
+    """A site's CA bundle, trusted by pip and TLS clients in the env (only added by a site)."""
+
+    path: str
+    sha256: str
+    data: bytes = field(default=b"", repr=False, compare=False)
+    kind: str = "ca"
+
+
+@dataclass(frozen=True)
 class SystemStep:
     packages: tuple[str, ...]
     kind: str = "system"
@@ -57,24 +67,36 @@ class PipStep:
     no_deps: bool = False
     force_reinstall: bool = False
     pre: bool = False
+    # Set by a site profile (sources, --no-index wheelhouse); the spec never sets it.
+    site_args: tuple[str, ...] = ()
     kind: str = "pip"
+
+    @property
+    def uses_wheelhouse(self) -> bool:
+        return "--no-index" in self.site_args
 
     def pip_args(self) -> list[str]:
         """Arguments after `pip install`, identical on every target."""
-        args = []
+        args = list(self.site_args)
+        if self.uses_wheelhouse:
+            return args + self._flags() + list(self.packages)
         if self.index_url:
             args += ["--index-url", self.index_url]
         for url in self.extra_index_urls:
             args += ["--extra-index-url", url]
         for link in self.find_links:
             args += ["--find-links", link]
+        return args + self._flags() + list(self.packages)
+
+    def _flags(self) -> list[str]:
+        args = []
         if self.no_deps:
             args.append("--no-deps")
         if self.force_reinstall:
             args.append("--force-reinstall")
         if self.pre:
             args.append("--pre")
-        return args + list(self.packages)
+        return args
 
 
 @dataclass(frozen=True)
@@ -112,7 +134,7 @@ class LabelsStep:
     kind: str = "labels"
 
 
-Step = Union[BaseStep, SystemStep, PythonStep, EnvStep, PipStep, FilesStep, RunStep, WeightsStep, LabelsStep]
+Step = Union[BaseStep, CaStep, SystemStep, PythonStep, EnvStep, PipStep, FilesStep, RunStep, WeightsStep, LabelsStep]
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,7 @@ class Plan:
 
 def _canonical(step: Step) -> dict:
     d = asdict(step)
+    d.pop("data", None)
     for f in d.get("files", ()):
         f.pop("data", None)
     return d

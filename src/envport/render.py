@@ -18,9 +18,12 @@ from pathlib import Path
 from envport.renderers import TARGETS, render_target
 
 from .loader import Loaded
-from .plan import make_plan
+from .plan import Plan, make_plan
 
 IMAGES_DIR = "images"
+# Names inside a build context: the site's CA bundle and the env's wheelhouse.
+CA_CONTEXT_NAME = "ca-bundle.crt"
+WHEELHOUSE_CONTEXT_NAME = "wheelhouse"
 # Files in images/<name>/ that envport owns but `render` does not produce.
 KEPT_FILES = ("ledger.json",)
 
@@ -34,8 +37,12 @@ class Rendering:
 
 
 def render_spec(loaded: Loaded, targets: tuple[str, ...] = TARGETS) -> Rendering:
-    plan = make_plan(loaded)
-    hash_ = loaded.hash
+    """The portable rendering committed under images/ (no site profile applied)."""
+    return render_plan(make_plan(loaded), loaded.hash, targets)
+
+
+def render_plan(plan: Plan, hash_: str, targets: tuple[str, ...] = TARGETS) -> Rendering:
+    """Recipes plus the context files they copy (shim files, a site's CA bundle)."""
     files: dict[str, tuple[bytes, int]] = {}
     for target in targets:
         for fname, text in render_target(target, plan, hash_).items():
@@ -45,7 +52,9 @@ def render_spec(loaded: Loaded, targets: tuple[str, ...] = TARGETS) -> Rendering
             if s.kind == "files":
                 for f in s.files:
                     files[f.source] = (f.data, int(f.mode, 8))
-    return Rendering(loaded.spec.name, dict(sorted(files.items())))
+            elif s.kind == "ca":
+                files[CA_CONTEXT_NAME] = (s.data, 0o644)
+    return Rendering(plan.name, dict(sorted(files.items())))
 
 
 def out_dir(root: Path, name: str) -> Path:
