@@ -1,0 +1,42 @@
+"""The one line format every witness prints; stdlib only.
+
+A witness runs inside a built env whose own output (pip notices, torch
+warnings, NCCL logs) shares the stream, so each result is one line that starts
+with PREFIX followed by a JSON object: grep-able by people and parseable by
+envport.witness_run.  Keep this file importable by any Python >= 3.8 with
+nothing but the stdlib: it is bind-mounted into envs, never installed there.
+"""
+
+import json
+import os
+import sys
+
+PREFIX = "ENVPORT-WITNESS "
+FAULT_ENV = "ENVPORT_WITNESS_FAULT"  # test-only: "hang:1", "wrong:1", "crash:1[,...]"
+
+
+def emit(record):
+    """Write one sentinel line in a single write() so ranks sharing a pipe do not interleave."""
+    line = PREFIX + json.dumps(record, sort_keys=True, default=str) + "\n"
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line.encode("utf-8", "replace"))
+
+
+def faults():
+    """Parse the fault switch into [(kind, rank, arg)], e.g. "wrong:1:all_gather"."""
+    out = []
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        parts = item.strip().split(":")
+        if len(parts) < 2 or parts[0] not in ("hang", "wrong", "crash"):
+            continue
+        try:
+            rank = int(parts[1])
+        except ValueError:
+            continue
+        out.append((parts[0], rank, parts[2] if len(parts) > 2 else ""))
+    return out
+
+
+def tail(text, n=20):
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-n:]
