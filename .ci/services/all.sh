@@ -4,6 +4,7 @@
 # on failure the service's own output and a non-zero exit.
 #   usage: all.sh [BASE_IMAGE_TAG]
 set -euo pipefail
+export LC_ALL=C   # EPOCHREALTIME must use "." for the arithmetic below
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 base_tag=${1:-envport/debian-bookworm:base}

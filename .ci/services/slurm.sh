@@ -7,7 +7,7 @@ set -euo pipefail
 
 wait_s=${ENVPORT_SLURM_WAIT:-60}
 state_dir=${ENVPORT_SLURM_DIR:-/var/lib/envport-slurm}
-conf=/etc/slurm/slurm.conf   # Debian's compiled-in default (libslurmfull)
+conf=${SLURM_CONF:-/etc/slurm/slurm.conf}   # Debian's compiled-in default (libslurmfull)
 marker="# envport one-node slurm (written by .ci/services/slurm.sh)"
 node=$(hostname -s)
 
