@@ -11,10 +11,9 @@ conf=${SLURM_CONF:-/etc/slurm/slurm.conf}   # Debian's compiled-in default (libs
 marker="# envport one-node slurm (written by .ci/services/slurm.sh)"
 node=$(hostname -s)
 
-# Usable: idle, or busy with jobs. A trailing * / ~ / # etc. means the node is
-# not responding, powered down, or being configured.
+# sinfo's short state: idle, mix, alloc, drain, down... A trailing * / ~ / #
+# means not responding, powered down, or being configured.
 node_state() { sinfo -h -N -n "$node" -o %t 2>/dev/null | head -n1; }
-is_up() { [[ "$(node_state)" =~ ^(idle|mix|alloc|comp)$ ]]; }
 
 for bin in sinfo scontrol /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged munge unmunge; do
     if ! command -v "$bin" >/dev/null 2>&1; then
