@@ -21,6 +21,9 @@ COMMANDS = [
     "schema",
     "show",
     "render",
+    "base",
+    "wheelhouse",
+    "build",
 ]
 
 EXIT_CODES_HELP = """exit codes:

@@ -90,7 +90,8 @@ def render_doc(name: str, records: list[dict]) -> str:
     for hash_, recs in sorted(by_hash.items(), key=lambda kv: max(r["when"] for r in kv[1]), reverse=True):
         last = recs[-1]
         lines.append(f"### env: {name}@{hash_[:12]}")
-        how = sorted({_resolves(r.get("target", "?"), r) for r in recs if r.get("kind") == "build"})
+        how = sorted({_resolves(r.get("target", "?"), r) for r in recs
+                      if r.get("kind") == "build" and r.get("verdict") in ("OK", "present")})
         lines.append("how: " + ("; ".join(how) if how else "not built on this host"))
         if last.get("resources"):
             lines.append(f"tier: {json.dumps(last['resources'], sort_keys=True)}")

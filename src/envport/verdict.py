@@ -46,6 +46,7 @@ class StepResult:
     reason: str = ""  # one token, set for REFUSED
     lines: list[str] = field(default_factory=list)  # log tail, set for FAILED
     seconds: float = 0.0
+    data: dict = field(default_factory=dict)  # facts for the ledger (image id, env prefix, ...)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -39,6 +39,9 @@ import time
 import traceback
 import warnings
 
+# The deadline counts from here, so the parent's own `import torch` is inside it.
+T_START = time.time()
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from envport_sentinel import emit, faults, tail  # noqa: E402
 
@@ -377,7 +380,7 @@ def spawn_group(world, opts):
     import torch
     import torch.multiprocessing as mp
 
-    t0 = time.time()
+    t0 = T_START
     deadline = t0 + opts["deadline"]
     if opts["device"] == "cuda" or (opts["device"] == "auto" and torch.cuda.is_available()):
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -494,7 +497,8 @@ def run_external(opts):
               "error": "--world-size %d but the launcher started %d ranks" % (opts["world_size"], world)})
         return 2
     _install_stack_dumps(sys.stderr)
-    faulthandler.dump_traceback_later(opts["deadline"], exit=True, file=sys.stderr)
+    faulthandler.dump_traceback_later(max(1.0, opts["deadline"] - (time.time() - T_START)), exit=True,
+                                      file=sys.stderr)
     try:
         ok = run_rank(rank, world, local_rank, opts)
     except Exception:

@@ -1,0 +1,61 @@
+# envport tasks. `just --list` shows them; every recipe is a thin wrapper over
+# the `envport` CLI, so `envport COMMAND --help` explains the options.
+set positional-arguments
+
+default:
+    @just --list
+
+# Set up envport and build the demo env as a venv (no daemon needed), then check it.
+demo:
+    bash scripts/demo.sh
+
+# Install envport with test and build extras into the current Python.
+setup:
+    python3 -m pip install -e '.[test]'
+
+# Render every spec to images/ (Dockerfile, .def, setup scripts).
+render *args:
+    envport render --all "$@"
+
+# Fail if images/ or docs/spec.schema.json drifted from the specs.
+check:
+    envport validate --all
+    envport render --all --check
+    envport schema --check
+
+# Write docs/spec.schema.json.
+schema:
+    envport schema
+
+# Build an env: `just build demo-cpu --target docker` (also the card's
+# `just build proteomics-gpu --target apptainer`, refused clearly without apptainer).
+build name *args:
+    envport build "$@"
+
+# Verify a built env with the spec's testinfra assertions.
+verify name *args:
+    envport verify "$@"
+
+# Run an env's witnesses inside it.
+witness name *args:
+    envport witness "$@"
+
+# Local Debian base image for offline builds and the tests.
+base-image:
+    envport base debian-bookworm
+
+# Download an env's wheels for --no-index builds.
+wheelhouse name *args:
+    envport wheelhouse "$@"
+
+# Inventory this host's GPUs and software stack.
+doctor *args:
+    envport doctor "$@"
+
+# The full CI: install, start dockerd/slurm/sshd, run every test.
+ci:
+    bash .ci/run
+
+# Just the tests (services must already be up: `bash .ci/services/all.sh`).
+test *args:
+    python3 -m pytest "$@"

@@ -1,0 +1,96 @@
+"""The shell builder: run the rendered setup script locally or over SSH.
+
+The script decides `present` itself (it compares the hash recorded inside the
+env), so the same check works on a host envport cannot otherwise inspect.
+Over SSH the script travels on stdin (`ssh HOST bash -s`), shim files inside
+it.  An unreachable host is REFUSED within the connect timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from envport.renderers import render_target
+
+from ..loader import Loaded
+from ..plan import make_plan
+from ..progress import Progress
+from ..verdict import StepResult, Verdict
+
+FORWARDED_ENV = ("ENVPORT_ENVS_DIR", "ENVPORT_ROOT")
+REFUSED_RE = re.compile(r"REFUSED \[(\w+)\]: (.*)$")
+PREFIX_RE = re.compile(r"(?:ready|present \S+) at (\S.*)$")
+SSH_UNREACHABLE = ("Connection refused", "Connection timed out", "No route to host",
+                   "Could not resolve hostname", "Name or service not known", "Permission denied",
+                   "Host key verification failed", "Connection closed")
+
+
+def ssh_argv(host, command: str, connect_timeout: int = 5) -> list[str]:
+    """`ssh` for a site host (SshHost) or a plain destination string."""
+    dest = host.ssh if hasattr(host, "ssh") else str(host)
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={getattr(host, 'connect_timeout', connect_timeout)}"]
+    if getattr(host, "ssh_config", None):
+        argv += ["-F", host.ssh_config]
+    return argv + [dest, command]
+
+
+def resolve_host(site, host: str | None):
+    if host is None:
+        return None
+    return site.hosts.get(host, host)
+
+
+def script_text(loaded: Loaded, flavour: str) -> str:
+    return render_target("shell", make_plan(loaded), loaded.hash)[f"setup-{flavour}.sh"]
+
+
+def build(loaded: Loaded, site, root: Path, *, flavour: str, host: str | None = None, rebuild: bool = False,
+          progress: Progress) -> list[StepResult]:
+    name = f"build {loaded.spec.name} ({flavour}{' on ' + host if host else ''})"
+    env_pairs = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    if rebuild:
+        env_pairs["ENVPORT_REBUILD"] = "1"
+    target_host = resolve_host(site, host)
+    if target_host is None:
+        argv = ["bash", "-s"]
+        env = {**os.environ, **env_pairs}
+    else:
+        remote = " ".join(["env", *[f"{k}={shlex.quote(v)}" for k, v in sorted(env_pairs.items())], "bash", "-s"])
+        argv = ssh_argv(target_host, remote)
+        env = None
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(script_text(loaded, flavour))
+    proc.stdin.close()
+    lines: list[str] = []
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        lines.append(line)
+        if line.startswith("envport["):
+            progress(line)
+    rc = proc.wait()
+    seconds = time.monotonic() - start
+    prefix = next((m.group(1) for ln in reversed(lines) if (m := PREFIX_RE.search(ln))), None)
+    detail = {"prefix": prefix, "ssh_host": host}
+    if rc == 0:
+        present = any(" present " in ln and ln.startswith("envport[") and "@" in ln for ln in lines[-3:])
+        verdict = Verdict.PRESENT if present else Verdict.OK
+        return [StepResult(name, verdict, f"{loaded.spec.name}@{loaded.hash12} at {prefix}", seconds=seconds,
+                           data={k: v for k, v in detail.items() if v})]
+    if rc == 3:
+        m = next((REFUSED_RE.search(ln) for ln in reversed(lines) if REFUSED_RE.search(ln)), None)
+        reason, why = (m.group(1), m.group(2)) if m else ("refused", lines[-1] if lines else "")
+        return [StepResult(name, Verdict.REFUSED, why, reason=reason, seconds=seconds)]
+    if rc == 255 and target_host is not None and (not lines or any(s in " ".join(lines[-3:]) for s in SSH_UNREACHABLE)):
+        return [StepResult(name, Verdict.REFUSED,
+                           f"cannot reach {host} over ssh: {lines[-1] if lines else 'no answer'}; check the host, "
+                           "its sshd and the site profile's ssh/ssh_config", reason="ssh_unreachable",
+                           seconds=seconds)]
+    return [StepResult(name, Verdict.FAILED, f"setup script exited {rc}", lines=lines[-30:], seconds=seconds)]

@@ -1,0 +1,30 @@
+"""`envport wheelhouse NAME`: download every pip phase's distributions to the host."""
+
+from __future__ import annotations
+
+from ..progress import stderr_progress
+from ..site import load_site
+from ..verdict import report
+from ..wheelhouse import ensure_wheelhouse
+from ._common import load_one, project_root
+
+
+def register(sub) -> None:
+    p = sub.add_parser("wheelhouse", help="download an env's wheels for offline (--no-index) builds",
+                       description="Download every pip phase's distributions for the env's python into "
+                       "<site wheelhouse_dir>/<name>/ through the host's pip configuration; container builds "
+                       "on a site with `wheelhouse: true` install from it with --no-index. `present` when "
+                       "the wheelhouse already holds every phase.")
+    p.add_argument("spec", metavar="NAME|PATH")
+    p.add_argument("--site", default=None, help="site profile (default: local)")
+    p.add_argument("--refresh", action="store_true", help="download again even when present")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    root = project_root(args)
+    loaded = load_one(args, args.spec)
+    site = load_site(args.site, root)
+    result = ensure_wheelhouse(loaded, site, root, stderr_progress, refresh=args.refresh)
+    return report([result], args.json)

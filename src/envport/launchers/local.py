@@ -1,0 +1,40 @@
+"""Run witnesses with an interpreter on this host: a venv's bin/python, or sys.executable."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from ..verdict import StepResult, Verdict
+from .base import WITNESS_DIR, Invocation, Launcher
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+
+    def __init__(self, python: str | os.PathLike = sys.executable, witness_dir: Path = WITNESS_DIR,
+                 base_env: Optional[Mapping[str, str]] = None, missing_fix: str = ""):
+        self.python = str(python)
+        self.witness_dir = Path(witness_dir)
+        self.base_env = base_env  # None: this process's environment at launch time
+        self.missing_fix = missing_fix or "build the env first, or pass --python PATH"
+
+    def witness_path(self, script: str) -> str:
+        return str(self.witness_dir / script)
+
+    def invocation(self, script: str, args: Sequence[str], env: Mapping[str, str]) -> Invocation:
+        full = dict(os.environ if self.base_env is None else self.base_env)
+        full.update(env)
+        return Invocation([self.python, self.witness_path(script), *args], env=full, label=self.python)
+
+    def preflight(self) -> Optional[StepResult]:
+        path = Path(self.python)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            return StepResult("launcher", Verdict.REFUSED, f"no interpreter at {self.python}",
+                              reason="env_missing", lines=[f"fix: {self.missing_fix}"])
+        return None
+
+    def describe(self) -> str:
+        return f"local {self.python}"
