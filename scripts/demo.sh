@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# The quickstart from README.md: install envport, check the committed
-# renderings, build demo-cpu as a venv on this host (no daemon needed), and
-# prove it with its witnesses.  Safe to re-run: a built env reports `present`.
+# The quickstart from README.md: install envport into .venv, check the
+# committed renderings, build demo-cpu as a venv on this host (no daemon
+# needed) and prove it with its witnesses.  Safe to re-run: a built env
+# reports `present`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m pip install --quiet --disable-pip-version-check -e .
+if [ ! -x .venv/bin/envport ]; then
+    echo "== installing envport into .venv"
+    python3 -m venv .venv
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== validating specs and checking images/ against them"
 envport validate --all
 envport render --all --check
+echo "== building demo-cpu as a venv in ${ENVPORT_ENVS_DIR:-$HOME/.envport/envs} (the first build installs a CPU torch)"
 envport build demo-cpu --target venv
-if envport --help | grep -q ' witness '; then
+if envport --help | grep -q '^    witness'; then
+    echo "== running demo-cpu's witnesses inside the venv"
     envport witness demo-cpu --target venv
 fi

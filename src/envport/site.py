@@ -69,6 +69,17 @@ class Site(_Model):
             raise EnvportError(f"site {self.name}: ca_bundle {self.ca_bundle}: {exc.strerror}; "
                                "fix the path in the site profile", exit_code=3) from None
 
+    def pip_source_args(self) -> list[str]:
+        """pip arguments for this site's index, extra indexes and find-links."""
+        args = []
+        if self.pip.index_url:
+            args += ["--index-url", self.pip.index_url]
+        for url in self.pip.extra_index_urls:
+            args += ["--extra-index-url", url]
+        for link in self.pip.find_links:
+            args += ["--find-links", link]
+        return args
+
     def wheelhouse_path(self, root: Path, env_name: str) -> Path:
         return (root / self.wheelhouse_dir / env_name).resolve()
 
@@ -112,14 +123,7 @@ def apply_site(plan: Plan, site: Site) -> Plan:
 def _site_pip_args(site: Site) -> list[str]:
     if site.wheelhouse:
         return ["--no-index", "--find-links", WHEELHOUSE_IN_BUILD]
-    args = []
-    if site.pip.index_url:
-        args += ["--index-url", site.pip.index_url]
-    for url in site.pip.extra_index_urls:
-        args += ["--extra-index-url", url]
-    for link in site.pip.find_links:
-        args += ["--find-links", link]
-    return args
+    return site.pip_source_args()
 
 
 def specs_dir_of(root: Path) -> Path:

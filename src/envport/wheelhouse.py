@@ -67,13 +67,7 @@ def ensure_wheelhouse(loaded: Loaded, site, root: Path, progress: Progress, refr
             pass
     dest.mkdir(parents=True, exist_ok=True)
     mpath.unlink(missing_ok=True)
-    site_args = []
-    if site.pip.index_url:
-        site_args += ["--index-url", site.pip.index_url]
-    for url in site.pip.extra_index_urls:
-        site_args += ["--extra-index-url", url]
-    for link in site.pip.find_links:
-        site_args += ["--find-links", link]
+    site_args = site.pip_source_args()
     steps = _phases(loaded)
     for step in steps:
         progress(f"envport: [wheelhouse] phase {step.index}/{len(steps)}: {' '.join(step.packages)}")
