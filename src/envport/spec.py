@@ -21,8 +21,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -58,6 +58,48 @@ def _slug(value: str) -> str:
             f"{value!r} is not a valid name: expected lowercase letters, digits and '-', "
             "starting with a letter or digit, at most 63 characters"
         )
+    return value
+
+
+# Names bash will not set (readonly: `export UID=1` fails and stops a `set -e`
+# script) or manages itself (an exported value does not survive), and envport's
+# own: none of them can reach every target byte-for-byte.
+SHELL_MANAGED_ENV = frozenset({
+    "UID", "EUID", "PPID", "BASHOPTS", "SHELLOPTS", "BASH_VERSINFO", "BASHPID", "BASH_ARGV0",
+    "BASH_ARGC", "BASH_ARGV", "BASH_COMMAND", "BASH_LINENO", "BASH_SOURCE", "BASH_SUBSHELL",
+    "RANDOM", "SRANDOM", "SECONDS", "LINENO", "FUNCNAME", "GROUPS", "DIRSTACK", "HISTCMD",
+    "EPOCHSECONDS", "EPOCHREALTIME", "_",
+})
+
+
+def _env_key(value: str) -> str:
+    if not ENV_KEY_RE.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name; expected [A-Za-z_][A-Za-z0-9_]*")
+    if value in SHELL_MANAGED_ENV:
+        raise ValueError(f"{value!r} is set or managed by the shell itself; the setup scripts could not export it")
+    if value.startswith("ENVPORT_"):
+        raise ValueError(f"{value!r}: ENVPORT_* variables are reserved for envport's own")
+    return value
+
+
+def _label_key(value: str) -> str:
+    if not LABEL_KEY_RE.match(value):
+        raise ValueError(f"{value!r} is not a label key; expected lowercase [a-z0-9._-], e.g. 'org.example.team'")
+    if value.startswith("envport."):
+        raise ValueError(f"label key {value!r} is reserved for envport's own labels")
+    return value
+
+
+def _deb_pkg(value: str) -> str:
+    if not DEB_PKG_RE.match(value):
+        raise ValueError(f"{value!r} is not a Debian package name; expected e.g. 'git' or 'curl=7.88.1-10'")
+    return value
+
+
+def _shim_source(value: str) -> str:
+    if not value.startswith("files/") or ".." in value.split("/") or not SAFE_PATH_RE.match(value) \
+            or value.endswith("/"):
+        raise ValueError(f"source {value!r} must be a file under specs/files/ (e.g. files/run.py), without '..'")
     return value
 
 
@@ -107,6 +149,10 @@ RequirementStr = Annotated[str, AfterValidator(_requirement)]
 Url = Annotated[str, AfterValidator(_url)]
 FindLink = Annotated[str, AfterValidator(_find_link)]
 Line = Annotated[str, AfterValidator(_no_control)]
+EnvKey = Annotated[str, AfterValidator(_env_key)]
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+ShimSource = Annotated[str, AfterValidator(_shim_source)]
+DebPkg = Annotated[str, AfterValidator(_deb_pkg)]
 
 
 class Model(BaseModel):
@@ -167,19 +213,12 @@ class WeightFile(Model):
 
 class WeightDir(Model):
     path: ContainerPath
-    env: Optional[str] = None
+    env: Optional[EnvKey] = None
     source: Line = ""
     gated: bool = False
     auth_hint: Optional[Line] = None
     size_gb: Optional[float] = Field(default=None, ge=0)
     files: list[WeightFile] = []
-
-    @field_validator("env")
-    @classmethod
-    def _env_key(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not ENV_KEY_RE.match(value):
-            raise ValueError(f"{value!r} is not a valid environment variable name")
-        return value
 
 
 class CliCheck(Model):
@@ -242,16 +281,16 @@ class Spec(Model):
     extends: Optional[Slug] = None
     base: str = Field(description="base image reference, e.g. debian:bookworm-slim")
     python: str = Field(description="the env's interpreter, MAJOR.MINOR, e.g. '3.11'")
-    system_pkgs: list[str] = []
+    system_pkgs: list[DebPkg] = []
     pip_phases: list[Phase] = Field(default=[], description="each phase is ONE pip call, in this order")
-    env: dict[str, Line] = {}
+    env: dict[EnvKey, Line] = {}
     run_commands: list[Line] = []
-    shim_files: dict[ContainerPath, str] = Field(default={}, description="container path -> file under specs/")
+    shim_files: dict[ContainerPath, ShimSource] = Field(default={}, description="container path -> file under specs/")
     weight_dirs: dict[Slug, WeightDir] = {}
     witnesses: Witnesses = Witnesses()
     resources: Resources = Resources()
     sm_range: Optional[list[str]] = None
-    labels: dict[str, Line] = {}
+    labels: dict[LabelKey, Line] = {}
 
     @field_validator("base")
     @classmethod
@@ -267,14 +306,6 @@ class Spec(Model):
             raise ValueError(f"{value!r} is not a Python version like '3.11' (quote it in YAML)")
         return value
 
-    @field_validator("system_pkgs")
-    @classmethod
-    def _debs(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not DEB_PKG_RE.match(v)]
-        if bad:
-            raise ValueError(f"not Debian package names: {bad}; expected e.g. 'git' or 'curl=7.88.1-10'")
-        return value
-
     @field_validator("env", "labels", mode="before")
     @classmethod
     def _stringify(cls, value: Any) -> Any:
@@ -282,37 +313,6 @@ class Spec(Model):
         if isinstance(value, dict):
             return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (int, float, bool)) else v
                     for k, v in value.items()}
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not ENV_KEY_RE.match(k)]
-        if bad:
-            raise ValueError(f"not environment variable names: {bad}; expected [A-Za-z_][A-Za-z0-9_]*")
-        return value
-
-    @field_validator("labels")
-    @classmethod
-    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not LABEL_KEY_RE.match(k)]
-        if bad:
-            raise ValueError(f"not label keys: {bad}; expected lowercase [a-z0-9._-], e.g. 'org.example.team'")
-        reserved = [k for k in value if k.startswith("envport.")]
-        if reserved:
-            raise ValueError(f"label keys {reserved} are reserved for envport's own labels")
-        return value
-
-    @field_validator("shim_files")
-    @classmethod
-    def _shim_sources(cls, value: dict[str, str]) -> dict[str, str]:
-        for dest, src in value.items():
-            if not isinstance(src, str) or not src.startswith("files/") or ".." in src.split("/") \
-                    or not SAFE_PATH_RE.match(src) or src.endswith("/"):
-                raise ValueError(
-                    f"source {src!r} for {dest!r} must be a file under specs/files/ "
-                    "(e.g. files/run.py), without '..'"
-                )
         return value
 
     @field_validator("sm_range")
@@ -327,17 +327,23 @@ class Spec(Model):
             raise ValueError(f"{value[0]} is above {value[1]}")
         return value
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "Spec":
-        env_paths = {w.env: name for name, w in self.weight_dirs.items() if w.env}
-        for key, wname in env_paths.items():
-            wdir = self.weight_dirs[wname].path
-            if key in self.env and self.env[key] != wdir:
-                raise ValueError(
-                    f"env.{key} is {self.env[key]!r} but weight_dirs.{wname} points it at {wdir!r}; "
-                    "drop one of them"
-                )
-        return self
+    @field_validator("weight_dirs")
+    @classmethod
+    def _weight_envs(cls, value: dict[str, WeightDir], info: ValidationInfo) -> dict[str, WeightDir]:
+        # A field validator (not a model one) so that the error names a field and a line.
+        env = info.data.get("env") or {}
+        claimed: dict[str, str] = {}
+        for wname, w in value.items():
+            if not w.env:
+                continue
+            if w.env in env and env[w.env] != w.path:
+                raise ValueError(f"env.{w.env} is {env[w.env]!r} but weight_dirs.{wname} points it at "
+                                 f"{w.path!r}; drop one of them")
+            other = claimed.setdefault(w.env, wname)
+            if other != wname and value[other].path != w.path:
+                raise ValueError(f"weight_dirs.{other} and weight_dirs.{wname} both set {w.env} "
+                                 f"({value[other].path!r} vs {w.path!r}); give each its own variable")
+        return value
 
     def dtensor_world(self) -> int:
         if not self.witnesses.dtensor:
