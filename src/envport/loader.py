@@ -92,7 +92,8 @@ def read_yaml(path: Path) -> RawSpec:
     if data is None:
         raise SpecError([Problem(label, None, "", "the file is empty", "start from specs/demo-cpu.yaml")])
     if not isinstance(data, dict):
-        raise SpecError([Problem(label, 1, "", f"expected a mapping of spec fields, got {type(data).__name__}",
+        raise SpecError([Problem(label, node.start_mark.line + 1, "",
+                                 f"expected a mapping of spec fields, got {type(data).__name__}",
                                  "write `name: ...`, `base: ...` at the top level")])
     return RawSpec(path, data, _positions(node))
 
@@ -107,6 +108,9 @@ def format_loc(loc: tuple) -> str:
 def _yaml_loc(loc: tuple, lines: dict[tuple, int]) -> tuple[tuple, int | None]:
     """The field path as the user wrote it, and the line of its nearest known part."""
     loc = tuple(loc)
+    # pydantic marks an error in a mapping's key with a trailing "[key]"; the key is the field.
+    if loc and loc[-1] == "[key]":
+        loc = loc[:-1]
     # A phase written as a bare list has no `packages` key in the YAML.
     if len(loc) >= 3 and loc[0] == "pip_phases" and loc[2] == "packages" and loc[:3] not in lines:
         loc = loc[:2] + loc[3:]
