@@ -24,6 +24,8 @@ COMMANDS = [
     "base",
     "wheelhouse",
     "build",
+    "witness",
+    "doctor",
 ]
 
 EXIT_CODES_HELP = """exit codes:

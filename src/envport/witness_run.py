@@ -38,6 +38,7 @@ class WitnessOptions:
     fault: Optional[str] = None  # test-only, passed as ENVPORT_WITNESS_FAULT
     on_line: Optional[Callable[[str], None]] = None  # every output line, for progress
     on_step: Optional[Callable[[StepResult], None]] = None  # each result as it is known
+    on_start: Optional[Callable[["WitnessCall"], None]] = None  # before each witness script starts
 
 
 @dataclass
@@ -155,6 +156,8 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
     if opts.fault:
         env[FAULT_ENV] = opts.fault
     for call in calls:
+        if opts.on_start:
+            opts.on_start(call)
         args = list(call.args)
         if call.script == "dist.py":
             args += ["--launch", "spawn" if launcher.spawns_ranks else "external"]

@@ -1,0 +1,55 @@
+"""`envport doctor`: what this host can build and prove, and the route for the rest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..verdict import EXIT_OK, EXIT_REFUSED
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "doctor", help="inventory GPUs, torch/CUDA/NCCL, disk, runtimes; map the GPU count to what is testable",
+        description="Observe this host (nothing is installed or changed): GPUs via nvidia-smi, topology, "
+        "driver, torch/CUDA/NCCL as an interpreter sees them, torch's arch list vs every GPU, free disk "
+        "vs the ~150 GB recommendation, /dev/shm, docker/apptainer/srun/ssh, and which configurations "
+        "are testable here (2-D needs a perfect square >= 4 free GPUs; fewer than 4: Slurm). "
+        "--env NAME judges an env's torch arch list against its sm_range without a GPU (exit 3 when "
+        "it cannot cover it).")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.schema.json)")
+    p.add_argument("--env", metavar="NAME", default=None, help="also judge this env's torch pin vs its sm_range")
+    p.add_argument("--python", default=None, help="interpreter whose torch to probe (default: this one)")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch probe (it imports torch: seconds)")
+    p.add_argument("--write-docs", action="store_true", help="write docs/infra.md (the launch recipe) under the root")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..doctor import collect, render_infra_md, render_text
+
+    spec = None
+    root = None
+    if args.env or args.write_docs:
+        from ._common import load_one, project_root
+
+        if args.env:
+            loaded = load_one(args, args.env)
+            spec, root = loaded.spec, loaded.root
+        root = root or project_root(args)
+    workdir = root or Path.cwd()
+    report = collect(python=args.python, workdir=workdir, probe_torch=not args.no_torch, spec=spec)
+    if args.write_docs:
+        path = Path(root) / "docs" / "infra.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_infra_md(report), encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(report))
+    if report.get("env") and report["env"].get("ok") is False:
+        return EXIT_REFUSED
+    return EXIT_OK
