@@ -57,6 +57,8 @@ class Site(_Model):
     wheelhouse: bool = Field(default=False, description="install from `envport wheelhouse NAME` with --no-index")
     wheelhouse_dir: str = Field(default=".cache/wheelhouse", description="relative to the project root")
     base_images: dict[str, str] = Field(default={}, description="base image rewrites (mirrors)")
+    registry: bool = Field(default=True, description="the engine can pull base images it lacks; false: "
+                           "a missing base is REFUSED with the fix instead of a pull that cannot succeed")
     hosts: dict[str, SshHost] = {}
     apptainer: ApptainerDirs = ApptainerDirs()
 
