@@ -195,7 +195,7 @@ def tools() -> dict:
     return out
 
 
-def testable(free_gpus: int) -> dict:
+def gpu_configurations(free_gpus: int) -> dict:
     """Free GPU count -> what can be proven here, and which route the rest takes."""
     side = math.isqrt(free_gpus)
     mesh_2d = [side, side] if side >= 2 else None
@@ -291,7 +291,7 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
         "disk": disk(workdir or Path.cwd()),
         "shm": shm(),
         "tools": tools(),
-        "testable": testable(len(free)),
+        "testable": gpu_configurations(len(free)),
         "hardening_env": dict(HARDENING_ENV),
     }
     if spec is not None:

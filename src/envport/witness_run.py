@@ -214,7 +214,7 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
                 out.append(StepResult(step, Verdict.OK, f"{ver} from {rec.get('file')}", seconds=secs))
             else:
                 out.append(StepResult(step, Verdict.FAILED, rec.get("error", "import failed"),
-                                      lines=list(rec.get("tail") or []), seconds=secs))
+                                      lines=list(rec.get("tail") or [])[-4:], seconds=secs))
         else:
             if rec["ok"]:
                 out.append(StepResult(step, Verdict.OK, f"matched {rec.get('matched')!r} (exit {rec.get('returncode')})",
@@ -270,7 +270,7 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
             stack_lines.append(f"rank {rank} stack:")
             stack_lines += [f"  {ln}" for ln in text.splitlines() if ln.strip()]
     out: list[StepResult] = []
-    for check in call.checks:
+    for n, check in enumerate(call.checks):
         step = (f"collectives (world {call.world})" if check == "collectives"
                 else f"dtensor (mesh {'x'.join(str(m) for m in call.mesh)})")
         ranks = {r["rank"]: r for r in records if r["check"] == check and "rank" in r}
@@ -281,7 +281,10 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
             for op in rec.get("failures") or []:
                 problems.append(_fmt_failure(rank, op))
         missing = sorted(set(range(call.world)) - set(ranks))
-        secs = max([float(r.get("seconds") or 0) for r in ranks.values()] or [launched.seconds])
+        # The first check of a group carries the launch (interpreter, torch
+        # import, rendezvous); a check sharing the group adds only its own time.
+        secs = launched.seconds if n == 0 else max(
+            [float(r.get("seconds") or 0) for r in ranks.values()] or [0.0])
         any_rec = next(iter(ranks.values()), {})
         where = f"{any_rec.get('backend', '?')}/{any_rec.get('device', '?')}" if any_rec else "?"
         if not missing and not problems:
@@ -290,8 +293,6 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
             detail = f"{call.world} ranks on {where}, {n_ops} ops exact on every rank"
             if skipped:
                 detail += f" (skipped: {', '.join(skipped)})"
-            if group:
-                detail += f"; group {group.get('seconds')}s wall"
             out.append(StepResult(step, Verdict.OK, detail, seconds=secs))
             continue
         if missing:

@@ -72,7 +72,11 @@ def run(args) -> int:
     if args.target == "venv":
         python = Path(args.python).expanduser() if args.python else venv_python(spec.name)
         env = dict(os.environ)
-        env.update(spec.env)  # what the env's activation would set
+        # What activating the env would do: its bin/ first on PATH (CLI checks
+        # run `python`, `tool --help`), VIRTUAL_ENV, and the spec's env vars.
+        env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(python.parent.parent)
+        env.update(spec.env)
         launcher = LocalLauncher(python, base_env=env,
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
         ledger_facts["prefix"] = str(python.parent.parent)
