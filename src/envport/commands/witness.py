@@ -83,7 +83,8 @@ def run(args) -> int:
     else:
         image = args.image or f"envport/{spec.name}:{loaded.hash12}"
         gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
-        launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus)
+        launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
+                                  missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG")
         ledger_facts["image"] = image
 
     out = sys.stdout

@@ -25,7 +25,7 @@ class DockerLauncher(Launcher):
 
     def __init__(self, image: str, python: str = "python3", gpus: bool = False, ipc_host: bool = True,
                  shm_size: Optional[str] = None, docker: str = "docker", witness_dir: Path = WITNESS_DIR,
-                 extra_args: Sequence[str] = (), name_prefix: str = "envport-witness"):
+                 extra_args: Sequence[str] = (), name_prefix: str = "envport-witness", missing_fix: str = ""):
         self.image = image
         self.python = python  # resolved on the image's PATH (its venv comes first there)
         self.gpus = gpus  # the caller decides: the spec asks for GPUs AND the host has them
@@ -35,6 +35,7 @@ class DockerLauncher(Launcher):
         self.witness_dir = Path(witness_dir)
         self.extra_args = list(extra_args)
         self.name_prefix = name_prefix
+        self.missing_fix = missing_fix or "envport build NAME --target docker, or pass --image TAG"
 
     def witness_path(self, script: str) -> str:
         return f"{MOUNT_POINT}/{script}"
@@ -73,7 +74,7 @@ class DockerLauncher(Launcher):
         if not image_exists(self.image, self.docker):
             return StepResult("launcher", Verdict.REFUSED, f"image {self.image} is not on this engine",
                               reason="image_missing",
-                              lines=["fix: envport build NAME --target docker, or pass --image TAG"])
+                              lines=[f"fix: {self.missing_fix}"])
         return None
 
     def describe(self) -> str:

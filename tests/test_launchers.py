@@ -1,0 +1,182 @@
+"""Launchers: the deadline runner, the local launcher, and docker (argv always; a real engine when one answers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from envport.launchers import WITNESS_DIR, DockerLauncher, Invocation, LocalLauncher, run_with_deadline
+from envport.launchers.docker import MOUNT_POINT, engine_problem, image_exists
+from envport.verdict import Verdict
+from envport.witness_run import parse_sentinels
+
+TORCH_IMAGE = "envport/demo-cpu:latest"  # built by the docker-target tests, never here
+PYTHON_IMAGES = [TORCH_IMAGE, "envport/debian-bookworm:base"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# --- the deadline runner -------------------------------------------------------
+
+
+def test_deadline_stops_the_whole_process_group_and_runs_cleanup(tmp_path):
+    marker = tmp_path / "cleaned"
+    inv = Invocation(["/bin/sh", "-c", "sleep 300 & echo child $!; wait"], cleanup=[["touch", str(marker)]])
+    res = run_with_deadline(inv, 2.0)
+    assert res.timed_out and res.returncode is None
+    pid = int(res.output.split("child ")[1].split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "a grandchild outlived the deadline"
+    assert marker.exists()
+
+
+def test_normal_exit_keeps_output_and_skips_cleanup(tmp_path):
+    marker = tmp_path / "cleaned"
+    seen: list[str] = []
+    inv = Invocation(["/bin/sh", "-c", "echo one; echo two >&2; exit 3"], cleanup=[["touch", str(marker)]])
+    res = run_with_deadline(inv, 30, on_line=seen.append)
+    assert (res.returncode, res.timed_out) == (3, False)
+    assert res.lines == ["one", "two"] and seen == ["one", "two"]
+    assert not marker.exists()
+
+
+def test_ctrl_c_stops_the_command_runs_cleanup_and_propagates(tmp_path):
+    marker = tmp_path / "cleaned"
+    inv = Invocation(["/bin/sh", "-c", "sleep 300"], cleanup=[["touch", str(marker)]])
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_with_deadline(inv, 120)
+    timer.join()
+    assert time.monotonic() - t < 60 and marker.exists()
+
+
+# --- local ---------------------------------------------------------------------
+
+
+def test_local_launcher_runs_a_witness_in_place():
+    launcher = LocalLauncher(sys.executable, base_env={"PATH": os.environ["PATH"], "KEEP": "1"})
+    inv = launcher.invocation("basic.py", ["--import", "json"], {"EXTRA": "2"})
+    assert inv.argv == [sys.executable, str(WITNESS_DIR / "basic.py"), "--import", "json"]
+    assert inv.env["KEEP"] == "1" and inv.env["EXTRA"] == "2"
+    res = launcher.run("basic.py", ["--import", "json"], {}, 60)
+    assert res.returncode == 0
+    assert {r["check"] for r in parse_sentinels(res.output)} == {"python", "import"}
+
+
+def test_local_launcher_refuses_a_missing_interpreter(tmp_path):
+    problem = LocalLauncher(tmp_path / "nope" / "python").preflight()
+    assert problem is not None and problem.verdict is Verdict.REFUSED and problem.reason == "env_missing"
+
+
+# --- docker: the command line ---------------------------------------------------
+
+
+def test_docker_argv_is_hardened_and_names_each_container():
+    launcher = DockerLauncher("envport/x:abc123")
+    a = launcher.invocation("dist.py", ["--world-size", "2"], {"K": "v w"})
+    b = launcher.invocation("dist.py", [], {})
+    argv = a.argv
+    assert argv[:5] == ["docker", "run", "--rm", "--init", "--network"] and argv[5] == "host"
+    assert f"{WITNESS_DIR}:{MOUNT_POINT}:ro" in argv
+    assert "--ipc" in argv and "--gpus" not in argv
+    assert argv[argv.index("-e") + 1] == "K=v w"
+    image_at = argv.index("envport/x:abc123")
+    assert argv[image_at + 1:] == ["python3", f"{MOUNT_POINT}/dist.py", "--world-size", "2"]
+    assert a.label != b.label and a.label.startswith("envport-witness-")
+    assert a.cleanup == [["docker", "rm", "-f", a.label]]
+
+
+def test_docker_gpus_and_shm_options():
+    gpu = DockerLauncher("img", gpus=True, shm_size="8g").invocation("kernel.py", [], {}).argv
+    assert gpu[gpu.index("--gpus") + 1] == "all"
+    assert gpu[gpu.index("--shm-size") + 1] == "8g" and "--ipc" not in gpu
+
+
+def test_docker_preflight_refuses_without_a_client():
+    problem = DockerLauncher("img", docker="/nonexistent/docker").preflight()
+    assert problem.verdict is Verdict.REFUSED and problem.reason == "docker_missing"
+
+
+# --- docker: a real engine --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine():
+    why = engine_problem()
+    if why:
+        pytest.skip(f"no docker engine answers: {why}")
+
+
+@pytest.fixture(scope="module")
+def python_image(engine) -> str:
+    for tag in PYTHON_IMAGES:
+        if image_exists(tag):
+            return tag
+    pytest.skip(f"no image with python3 on this engine ({', '.join(PYTHON_IMAGES)}); not built here")
+
+
+def test_docker_preflight_refuses_a_missing_image(engine):
+    problem = DockerLauncher("envport/no-such-image:000000000000").preflight()
+    assert problem.verdict is Verdict.REFUSED and problem.reason == "image_missing"
+
+
+def test_docker_runs_the_mounted_witness(python_image):
+    launcher = DockerLauncher(python_image)
+    res = launcher.run("basic.py", ["--import", "json", "--cli", '{"cmd": "echo $WIT", "expect": "^mounted$"}'],
+                       {"WIT": "mounted"}, 120)
+    recs = {(r["check"], r["name"]): r for r in parse_sentinels(res.output)}
+    assert res.returncode == 0, res.output
+    assert recs[("import", "json")]["ok"] and recs[("cli", "echo $WIT")]["ok"]
+
+
+def _containers(name: str) -> str:
+    return subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"name={name}"], capture_output=True,
+                          text=True, timeout=30).stdout.strip()
+
+
+def test_docker_timeout_removes_the_container(python_image):
+    launcher = DockerLauncher(python_image)
+    inv = launcher.invocation("basic.py", ["--cli", '{"cmd": "sleep 300", "expect": "x"}', "--timeout", "600"], {})
+    res = run_with_deadline(inv, 8.0)
+    assert res.timed_out
+    assert _containers(inv.label) == "", f"container {inv.label} survived the deadline"
+
+
+def test_docker_ctrl_c_removes_the_container(python_image):
+    launcher = DockerLauncher(python_image)
+    inv = launcher.invocation("basic.py", ["--cli", '{"cmd": "sleep 300", "expect": "x"}', "--timeout", "600"], {})
+    timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_with_deadline(inv, 120)
+    timer.join()
+    assert _containers(inv.label) == ""
+
+
+def test_docker_collectives_with_torch_image(engine):
+    if not image_exists(TORCH_IMAGE):
+        pytest.skip(f"{TORCH_IMAGE} is not on this engine (built by the docker target, not by these tests)")
+    from envport.spec import Spec
+    from envport.witness_run import WitnessOptions, run_witnesses
+
+    spec = Spec(name="wit", base="debian:bookworm", python="3.11",
+                witnesses={"kernel": True, "collectives": {"world_size": 2}})
+    results = run_witnesses(spec, DockerLauncher(TORCH_IMAGE), WitnessOptions(only=["kernel", "collectives"]))
+    assert [r.verdict for r in results] == [Verdict.OK, Verdict.OK], [(r.detail, r.lines) for r in results]

@@ -1,0 +1,137 @@
+"""Collectives and DTensor witnesses for real on CPU/gloo, and their failure modes.
+
+Each test starts real ranks (torch 2.13.0 CPU): world 2 takes ~6 s and world 4
+~10-17 s on 2 cores, so the cases are few and each proves one thing. The only
+time bound asserted is the required one: a hang fails within deadline + 10 s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from envport.launchers import WITNESS_DIR, LocalLauncher
+from envport.spec import Spec
+from envport.verdict import Verdict
+from envport.witness_run import WitnessOptions, parse_sentinels, run_witnesses
+from tests.test_witness_venv import torch_python
+
+
+def dist_spec(world: int, mesh: list[int] | None) -> Spec:
+    w = {"collectives": {"world_size": world}}
+    if mesh:
+        w["dtensor"] = {"mesh": mesh}
+    return Spec(name="wit", base="debian:bookworm", python="3.11", witnesses=w)
+
+
+def run(spec: Spec, **opts):
+    launcher = LocalLauncher(torch_python())
+    return run_witnesses(spec, launcher, WitnessOptions(only=["collectives", "dtensor"], **opts))
+
+
+def by_step(results):
+    return {r.step: r for r in results}
+
+
+def test_world_2_collectives_and_1d_mesh_pass():
+    results = by_step(run(dist_spec(2, [2])))
+    assert set(results) == {"collectives (world 2)", "dtensor (mesh 2)"}
+    for r in results.values():
+        assert r.verdict is Verdict.OK, (r.detail, r.lines)
+        assert "gloo/cpu" in r.detail
+
+
+def test_world_4_collectives_and_square_mesh_pass():
+    results = by_step(run(dist_spec(4, [2, 2])))
+    assert set(results) == {"collectives (world 4)", "dtensor (mesh 2x2)"}
+    for r in results.values():
+        assert r.verdict is Verdict.OK, (r.detail, r.lines)
+        assert r.detail.startswith("4 ranks")
+
+
+def test_hanging_rank_fails_within_deadline_with_every_stack():
+    deadline = 15.0
+    t = time.monotonic()
+    (res,) = run(dist_spec(2, None), deadline_s=deadline, fault="hang:1")
+    elapsed = time.monotonic() - t
+    assert elapsed < deadline + 10, f"took {elapsed:.1f}s"
+    assert res.verdict is Verdict.FAILED
+    assert "did not finish within" in res.detail
+    text = "\n".join(res.lines)
+    assert "rank 0 stack:" in text and "rank 1 stack:" in text
+    assert "_injected_hang" in text  # rank 1's own frame
+    rank0 = text.split("rank 0 stack:")[1].split("rank 1 stack:")[0]
+    assert "run_collectives" in rank0  # rank 0 is waiting in a collective
+
+
+def test_wrong_value_names_rank_op_expected_and_got():
+    (res,) = run(dist_spec(2, None), fault="wrong:1")
+    assert res.verdict is Verdict.FAILED
+    assert "rank 1 all_reduce" in res.detail
+    assert "expected [3.0, 3.0, 3.0, 3.0]" in res.detail and "got [4.0, 4.0, 4.0, 4.0]" in res.detail
+    assert "rank 0" not in res.detail
+
+
+def test_crashing_rank_ends_the_others_without_waiting_for_the_deadline():
+    (res,) = run(dist_spec(2, None), deadline_s=240, fault="crash:1")
+    assert res.verdict is Verdict.FAILED
+    assert "rank 1 exited with code 13" in res.detail
+    assert "did not finish" not in res.detail  # ended by the failure, not by the deadline
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_external(world: int, args: list[str], fault: str = "") -> list[subprocess.Popen]:
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        if fault:
+            env["ENVPORT_WITNESS_FAULT"] = fault
+        procs.append(subprocess.Popen([torch_python(), str(WITNESS_DIR / "dist.py"), *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _finish(procs, timeout: float):
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        out.append((p.returncode, stdout, stderr))
+    return out
+
+
+def test_external_launch_runs_just_this_rank():
+    """RANK/WORLD_SIZE/MASTER_* already set (srun, torchrun): each process is one rank."""
+    procs = _start_external(2, ["--checks", "collectives,dtensor"])
+    results = _finish(procs, timeout=120)
+    for rank, (rc, stdout, stderr) in enumerate(results):
+        assert rc == 0, stderr[-2000:]
+        recs = parse_sentinels(stdout)
+        assert {r["check"] for r in recs} == {"collectives", "dtensor"}  # no group line: no parent
+        assert all(r["rank"] == rank and r["ok"] for r in recs)
+
+
+@pytest.mark.parametrize("deadline", [8.0])
+def test_external_rank_watchdog_dumps_its_stack_at_the_deadline(deadline):
+    t = time.monotonic()
+    procs = _start_external(2, ["--deadline", str(deadline)], fault="hang:1")
+    results = _finish(procs, timeout=deadline + 60)
+    assert time.monotonic() - t < deadline + 10
+    for rc, _, stderr in results:
+        assert rc != 0 and "most recent call first" in stderr
+    assert "_injected_hang" in results[1][2]
+    assert "run_collectives" in results[0][2]
