@@ -26,6 +26,7 @@ COMMANDS = [
     "build",
     "witness",
     "doctor",
+    "slurm",
 ]
 
 EXIT_CODES_HELP = """exit codes:

@@ -1,0 +1,171 @@
+"""`envport slurm submit NAME --cluster C --target venv|docker`: the witnesses as a Slurm batch job."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def register(sub) -> None:
+    p = sub.add_parser("slurm", help="run an env's witnesses as a Slurm job (sbatch + srun), or list cluster profiles",
+                       description="Slurm: render an sbatch script from a cluster profile (slurm/clusters/<name>.yaml), "
+                       "submit it, poll it and judge the witnesses from its log.")
+    ssub = p.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND")
+    ssub.required = True
+
+    s = ssub.add_parser("submit", help="submit the witnesses of a built env as one batch job and wait for the verdict",
+                        description="Render the batch script (every witness call runs under srun, one task per "
+                        "rank, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from Slurm), submit it with sbatch "
+                        "--parsable, poll squeue/scontrol (sacct -c once Slurm forgets the job), read the log and "
+                        "print one verdict per check. OK; FAILED with the log tail and Slurm's ExitCode; REFUSED "
+                        "(exit 3) when the job could not start: sbatch rejected it, or it was still PENDING after "
+                        "the profile's max_pending (it is then cancelled; Slurm's Reason is printed).")
+    s.add_argument("name", metavar="NAME|PATH", help="spec name (specs/<name>.yaml) or path")
+    s.add_argument("--cluster", required=True, help="cluster profile: slurm/clusters/<name>.yaml or a path")
+    s.add_argument("--target", choices=("venv", "docker"), required=True,
+                   help="venv: the env built on the nodes (envport build NAME --target venv); docker: the image")
+    s.add_argument("--check", action="append", default=[], metavar="CHECK",
+                   help="run only these checks (repeat or comma-separate): python, imports, cli, kernel, "
+                   "collectives, dtensor (default: all the spec declares)")
+    s.add_argument("--world-size", type=int, default=None, help="ranks (Slurm tasks) for the collectives check")
+    s.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12> for --site)")
+    s.add_argument("--prefix", default=None, help="venv: the env's folder on the nodes "
+                   "(default: the profile's envs_dir, else $ENVPORT_ENVS_DIR, else ~/.envport/envs, + /NAME)")
+    s.add_argument("--site", default=None, help="site profile, for the docker image's hash (default: local)")
+    s.add_argument("--deadline", type=float, default=300.0, help="seconds per witness script inside the job")
+    s.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
+    s.add_argument("--no-ledger", action="store_true", help="do not append this run to the ledger")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    s.set_defaults(func=run_submit)
+
+    c = ssub.add_parser("clusters", help="list the cluster profiles (each one validated)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=run_clusters)
+
+
+def run_clusters(args) -> int:
+    from .. import slurm
+    from ._common import project_root
+
+    try:
+        root = project_root(args)
+    except Exception:
+        root = None
+    rows = []
+    for name in slurm.cluster_names(root):
+        p = slurm.load_cluster(name, root)
+        rows.append(p.model_dump())
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in rows:
+            print(f"{r['name']:<16} partition={r['partition'] or '-'} time={r['time']} cpus={r['cpus']} "
+                  f"runtime={r['container_runtime']} max_pending={r['max_pending']:.0f}s  {r['description']}")
+    return 0
+
+
+def run_submit(args) -> int:
+    from .. import slurm
+    from ..errors import EnvportError
+    from ..hashing import content_hash
+    from ..progress import stderr_progress
+    from ..site import load_site
+    from ..verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, exit_code, report
+    from ..witness_run import CHECKS, WitnessOptions, plan, requires_gpu, summary
+    from ..witnesses.envport_sentinel import FAULT_ENV
+    from ._common import load_one, project_root
+
+    only = [c.strip() for item in args.check for c in item.split(",") if c.strip()]
+    bad = [c for c in only if c not in CHECKS]
+    if bad:
+        raise EnvportError(f"--check {', '.join(bad)}: unknown check; choose from {', '.join(CHECKS)}")
+    if args.world_size is not None and args.world_size < 1:
+        raise EnvportError("--world-size must be >= 1")
+    loaded = load_one(args, args.name)
+    root = loaded.root
+    spec = loaded.spec
+    profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
+                                 else None)
+    opts = WitnessOptions(only=only, world_size=args.world_size, deadline_s=args.deadline)
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    if os.environ.get(FAULT_ENV):
+        env[FAULT_ENV] = os.environ[FAULT_ENV]  # test-only fault switch, as `envport witness` passes it
+    image = prefix = None
+    if args.target == "docker":
+        image = args.image or f"envport/{spec.name}:{content_hash(loaded, load_site(args.site, root))[:12]}"
+    else:
+        prefix = args.prefix or slurm.default_prefix(spec.name, profile)
+    calls = plan(spec, opts)
+    job = slurm.JobSpec(loaded=loaded, profile=profile, target=args.target, calls=calls,
+                        job_dir=slurm.new_job_dir(profile, spec.name), env=env, image=image, prefix=prefix)
+
+    refusal = None
+    if not calls:
+        refusal = StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --check left none)")
+    elif args.target == "docker" and profile.container_runtime != "docker":
+        refusal = StepResult("slurm", Verdict.REFUSED, f"cluster {profile.name} runs containers with "
+                             f"{profile.container_runtime}, not docker", reason="no_container_runtime",
+                             lines=["fix: --target venv, or set container_runtime: docker in the profile"])
+    elif requires_gpu(spec, opts) and not (profile.gres and "gpu" in profile.gres):
+        refusal = StepResult("slurm", Verdict.REFUSED, f"the spec asks for {spec.resources.gpus} GPU(s); cluster "
+                             f"{profile.name} requests none (gres)", reason=NO_ACCELERATOR_REASON,
+                             lines=["fix: use a GPU cluster profile (gres: gpu:N)"])
+
+    if args.dry_run:
+        text = slurm.render(job, slurm.node_cpu_limit(profile.partition))
+        if args.json:
+            json.dump({"env": spec.name, "hash": loaded.hash, "target": args.target, "cluster": profile.name,
+                       "script_path": str(job.script_path), "log": str(job.log_path), "script": text,
+                       "refused": refusal.to_dict() if refusal else None}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(text)
+            if refusal:
+                print(f"# note: {refusal.line()}", file=sys.stderr)
+        return 0
+
+    import shutil
+
+    if refusal is None and shutil.which("sbatch") is None:
+        refusal = StepResult("slurm", Verdict.REFUSED, "no sbatch on PATH", reason="no_slurm",
+                             lines=["fix: run on a Slurm login node (Debian: apt-get install slurm-client)"])
+    progress = stderr_progress if not args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    t0 = time.monotonic()
+    facts: dict = {"cluster": profile.name}
+    if refusal is not None:
+        results = [refusal]
+    else:
+        text = slurm.render(job, slurm.node_cpu_limit(profile.partition))
+        results, facts = slurm.run_job(job, text, progress=progress)
+    total = time.monotonic() - t0
+    code = exit_code(results)
+    bad_step = next((r for r in results if not r.verdict.ok), None)
+    overall = Verdict.OK.value if bad_step is None else bad_step.verdict.value
+    line = summary(results)
+    if not args.no_ledger and refusal is None:
+        from .. import ledger
+
+        ledger.append(root, spec.name, {
+            "kind": "witness", "target": args.target, "hash": loaded.hash, "verdict": overall, "summary": line,
+            "exit_code": code, "seconds": round(total, 3),
+            "launcher": f"slurm sbatch+srun on cluster {profile.name}", "slurm": facts,
+            "steps": [r.to_dict() for r in results],
+            "options": {"only": only, "world_size": args.world_size, "deadline": args.deadline},
+            **({"image": image} if image else {"prefix": prefix}),
+        })
+    if args.json:
+        json.dump({"env": spec.name, "hash": loaded.hash, "target": args.target, "cluster": profile.name,
+                   "verdict": overall, "exit_code": code, "seconds": round(total, 3), **facts,
+                   "script_path": str(job.script_path), "steps": [r.to_dict() for r in results]},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return code
+    report(results, False)
+    job_id = facts.get("job_id")
+    where = f"Slurm job {job_id}" if job_id else "Slurm"
+    print(f"{overall}: {spec.name} witnesses ({args.target}) as {where} on cluster {profile.name} "
+          f"in {total:.1f}s ({line})")
+    return code
