@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--target", choices=TARGETS, required=True)
     p.add_argument("--only", action="append", default=[], metavar="CHECK",
                    help=f"run only these checks (repeat or comma-separate): {', '.join(CHECKS)}")
-    p.add_argument("--world-size", type=int, default=None, help="ranks for the collectives check")
+    p.add_argument("--world-size", type=int, default=None, help="ranks for the collectives check (DTensor keeps the spec's mesh)")
     p.add_argument("--python", default=None,
                    help="venv: the interpreter (default ~/.envport/envs/NAME/bin/python, or under "
                    "$ENVPORT_ENVS_DIR); docker: the interpreter inside the image (default python3)")

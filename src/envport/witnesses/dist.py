@@ -402,6 +402,10 @@ def spawn_group(world, opts):
     ctx = mp.start_processes(_spawn_entry, args=(world, opts, stack_dir), nprocs=world,
                              join=False, start_method="spawn")
     procs = ctx.processes
+    # grace_period (torch >= 2.2) bounds how long join waits before it kills
+    # the peers of a failed rank; older torch kills them at once.
+    import inspect
+    join_kw = {"grace_period": 1.0} if "grace_period" in inspect.signature(ctx.join).parameters else {}
     outcome, note = "ok", ""
     while True:
         dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
@@ -413,7 +417,7 @@ def spawn_group(world, opts):
             outcome = "deadline"
             break
         try:
-            if ctx.join(timeout=min(1.0, left), grace_period=1.0):
+            if ctx.join(timeout=min(1.0, left), **join_kw):
                 break
         except Exception as exc:  # ProcessExitedException/ProcessRaisedException: join ended the rest
             outcome, note = "rank_failed", str(exc).splitlines()[0]
