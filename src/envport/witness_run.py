@@ -162,14 +162,18 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
         if call.script == "dist.py":
             args += ["--launch", "spawn" if launcher.spawns_ranks else "external"]
         launched = launcher.run(call.script, args, env, call.deadline_s + LAUNCH_MARGIN_S, opts.on_line)
-        records = parse_sentinels(launched.output)
-        if call.script == "basic.py":
-            add(_basic_results(spec, call, records, launched))
-        elif call.script == "kernel.py":
-            add(_kernel_results(spec, call, records, launched))
-        else:
-            add(_dist_results(call, records, launched))
+        add(call_results(spec, call, launched))
     return results
+
+
+def call_results(spec: Spec, call: WitnessCall, launched) -> list[StepResult]:
+    """The StepResults of one witness call from its captured output (any launcher, or a job log)."""
+    records = parse_sentinels(launched.output)
+    if call.script == "basic.py":
+        return _basic_results(spec, call, records, launched)
+    if call.script == "kernel.py":
+        return _kernel_results(spec, call, records, launched)
+    return _dist_results(call, records, launched)
 
 
 # --- turning records into StepResults ------------------------------------------------
@@ -308,7 +312,9 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
         detail = problems[0]
         if len(problems) > 1:
             detail += f" (+{len(problems) - 1} more)"
-        lines = problems[1:] + stack_lines + (_tail(launched, 12) if not group else [])
+        # Without a group line (srun, torchrun) each rank's watchdog wrote its
+        # own stack to the output: keep enough of it to show every rank.
+        lines = problems[1:] + stack_lines + (_tail(launched, 20 * max(call.world, 2)) if not group else [])
         out.append(StepResult(step, Verdict.FAILED, detail, lines=lines, seconds=secs))
     return out
 
