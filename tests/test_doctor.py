@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -36,13 +35,15 @@ def test_gpu_count_maps_to_configurations(free, tier, route, mesh):
 
 
 def test_cli_text_runs_here(project):
+    infra = project / "docs" / "infra.md"
+    before = infra.read_text() if infra.exists() else None
     proc = envport("-C", str(project), "doctor", "--no-torch")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "verdict:" in out and "/dev/shm" in out and "disk:" in out
     if NO_GPU:
         assert "no GPU" in out and "Slurm" in out
-    assert not (project / "docs" / "infra.md").exists()  # only --write-docs writes it
+    assert (infra.read_text() if infra.exists() else None) == before  # only --write-docs writes it
 
 
 def test_cli_json_validates(project):
@@ -99,6 +100,7 @@ def test_env_arch_unknown_flavour_is_not_a_refusal():
 
 
 def test_write_docs_writes_infra_md(project):
+    (project / "docs" / "infra.md").unlink(missing_ok=True)
     proc = envport("-C", str(project), "doctor", "--no-torch", "--write-docs")
     assert proc.returncode == 0, proc.stderr
     text = (project / "docs" / "infra.md").read_text()

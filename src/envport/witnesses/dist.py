@@ -43,7 +43,7 @@ import warnings
 T_START = time.time()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from envport_sentinel import emit, faults, tail  # noqa: E402
+from envport_sentinel import emit, faults  # noqa: E402
 
 # Set before any process group exists (setdefault: the launcher may know better).
 # Async error handling lets a failed NCCL rank tear the group down instead of
