@@ -24,6 +24,7 @@ COMMANDS = [
     "base",
     "wheelhouse",
     "build",
+    "verify",
     "witness",
     "doctor",
     "slurm",

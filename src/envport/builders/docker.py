@@ -140,7 +140,8 @@ def _fix_for_base(image: str) -> str:
     if image in local:
         return f"build it here: `envport base {local[image]}`"
     if image.startswith("envport/"):
-        return "envport/* images are built locally; build or `docker load` it on this host"
+        made = ", ".join(f"`envport base {name}` makes {tag}" for name, tag in sorted(RECIPES.items()))
+        return f"envport/* images are built locally ({made}); build or `docker load` {image} here"
     return (f"`docker pull {image}` on a host with registry access and `docker save | docker load` it here, "
             "or map it to a local image in the site profile's base_images")
 

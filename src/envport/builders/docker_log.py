@@ -65,6 +65,7 @@ class BuildLog:
     progress: Callable[[str], None]
     logs: dict[str, list[str]] = field(default_factory=dict)  # vertex/step key -> its lines
     where: dict[str, Optional[StepRef]] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # vertex -> its name, "[4/8] RUN python -m pip ..."
     failed: Optional[str] = None  # key of the first vertex that failed
     cached: list[str] = field(default_factory=list)  # markers the engine reused
     built: list[str] = field(default_factory=list)  # markers the engine ran
@@ -118,18 +119,18 @@ class BuildkitLog(BuildLog):
             vm = VERTEX_NAME.match(rest)
             ref = self.steps[int(vm.group(1)) - 1] if vm and int(vm.group(1)) <= len(self.steps) else None
             self._start(key, ref)
-            self.logs[key].append(rest)
+            self.headers[key] = rest
             return
         ref = self.where[key]
-        if rest.startswith("sha256:") or rest == self.logs[key][0]:
+        header = self.headers[key]
+        if rest.startswith("sha256:") or rest == header:  # plain output repeats a vertex's name
             return
         if rest == "CACHED":
             if ref is not None:
                 self.cached.append(ref.marker)
                 self._say(f"{ref.label()} cached")
         elif rest.startswith("DONE "):
-            if ref is not None and VERTEX_NAME.match(self.logs[key][0]) and \
-                    not self.logs[key][0].split("] ", 1)[1].startswith("FROM "):
+            if ref is not None and VERTEX_NAME.match(header) and not header.split("] ", 1)[1].startswith("FROM "):
                 self.built.append(ref.marker)
                 self._say(f"{ref.label()} done ({rest[5:]})")
         elif rest.startswith("ERROR"):

@@ -1,0 +1,43 @@
+"""`envport verify NAME --target docker`: prove a built env holds what its spec promises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..progress import stderr_progress
+from ..site import load_site
+from ..verdict import report
+from ._common import load_one, project_root
+
+VERIFY_TARGETS = ("docker",)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("verify", help="run the spec's testinfra assertions (and tests/images/) against a built env",
+                       description="Start the env's image (docker run -d --network <site network> IMAGE sleep "
+                       "infinity, always removed afterwards) and run, as pytest items through testinfra, one "
+                       "assertion per promise of the spec: system packages installed, pip packages at the version "
+                       "the last phase naming them pins, the python version, every env var's exact value, shim "
+                       "files' sha256, weight mount points present and empty, and the envport.hash label. Tests "
+                       "under tests/images/ run in the same session (testinfra's `host` fixture). Writes JUnit XML "
+                       "and a ledger record. Exit 1 when any check fails, 3 when refused.")
+    p.add_argument("spec", metavar="NAME|PATH")
+    p.add_argument("--target", choices=VERIFY_TARGETS, default="docker", help="what to verify (default: docker)")
+    p.add_argument("--site", default=None, help="site profile (default: local); it names the image's hash")
+    p.add_argument("--image", default=None,
+                   help="verify this image instead of envport/<name>:<hash12> (its envport.hash label may then "
+                   "differ: that check is skipped and says so)")
+    p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
+    p.add_argument("--json", action="store_true", help="print the verdict and every check as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..verify.docker import verify
+
+    root = project_root(args)
+    loaded = load_one(args, args.spec)
+    site = load_site(args.site, root)
+    junit = Path(args.junit).resolve() if args.junit else None
+    result = verify(loaded, site, root, image=args.image, junit=junit, progress=stderr_progress)
+    return report([result], args.json)

@@ -1,0 +1,204 @@
+"""Assertions generated from a spec, and how each is judged against a built env.
+
+One `Check` per thing the spec promises: every system package installed
+(dpkg), every pip package at the version the LAST phase naming it asks for,
+the python version, every env var's exact bytes, every shim file's sha256 and
+mode, every weight mount point present and empty, and the image's
+`envport.hash` label.  `Facts` asks the env once per kind (one `pip list`,
+one `env -0`, one `dpkg-query`) through a testinfra host, so a check costs a
+dictionary lookup; the same checks work on any testinfra backend.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Optional
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ..loader import Loaded
+from ..plan import CONTAINER_VENV
+from ..spec import Spec, canonical_name, last_pins
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str  # readable and unique: pip[torch==2.13.0], env[DEMO_GREETING]
+    kind: str  # system | pip | python | env | file | weight | label
+    key: str  # package, variable, path or label
+    expected: str  # version/specifier, value, sha256, hash
+    mode: Optional[str] = None  # files: octal mode
+
+
+class CheckFailed(AssertionError):
+    """A check that did not hold; its message is the whole report (no traceback)."""
+
+
+class CheckSkipped(Exception):
+    pass
+
+
+def last_requirements(spec: Spec) -> dict[str, Requirement]:
+    """Each package's requirement from the last phase that names it (canonical name -> requirement)."""
+    out: dict[str, Requirement] = {}
+    for phase in spec.pip_phases:
+        for text in phase.packages:
+            req = Requirement(text)
+            out[canonical_name(req.name)] = req
+    return out
+
+
+def spec_checks(loaded: Loaded, hash_: str) -> list[Check]:
+    spec = loaded.spec
+    checks: list[Check] = []
+    for pkg in spec.system_pkgs:
+        name, _, version = pkg.partition("=")
+        checks.append(Check(f"system[{pkg}]", "system", name, version))
+    pins = last_pins(spec)
+    for name, req in sorted(last_requirements(spec).items()):
+        if name in pins:
+            checks.append(Check(f"pip[{name}=={pins[name]}]", "pip", name, f"=={pins[name]}"))
+        else:
+            checks.append(Check(f"pip[{name}{req.specifier}]", "pip", name, str(req.specifier)))
+    checks.append(Check(f"python[{spec.python}]", "python", "python", spec.python))
+    env = dict(spec.env)
+    for w in spec.weight_dirs.values():
+        if w.env:
+            env.setdefault(w.env, w.path)
+    for key, value in sorted(env.items()):
+        checks.append(Check(f"env[{key}]", "env", key, value))
+    for dest, f in sorted(_shims(loaded).items()):
+        checks.append(Check(f"file[{dest}]", "file", dest, f[0], mode=f[1]))
+    for wname, w in sorted(spec.weight_dirs.items()):
+        checks.append(Check(f"weight[{wname}:{w.path}]", "weight", w.path, ""))
+    checks.append(Check("label[envport.hash]", "label", "envport.hash", hash_))
+    return checks
+
+
+def _shims(loaded: Loaded) -> dict[str, tuple[str, str]]:
+    import hashlib
+
+    out = {}
+    for dest, data in loaded.shim_bytes().items():
+        out[dest] = (hashlib.sha256(data).hexdigest(), "0755" if data.startswith(b"#!") else "0644")
+    return out
+
+
+@dataclass
+class Facts:
+    """What the env holds, asked once per kind through a testinfra host."""
+
+    host: object  # testinfra.host.Host
+    labels: dict = field(default_factory=dict)  # the image's labels (docker), else empty
+    venv: str = CONTAINER_VENV
+    # --image given: an image built from another version of the spec may carry another hash.
+    foreign_hash_ok: bool = False
+
+    def _run(self, command: str):
+        return self.host.run(command)
+
+    @cached_property
+    def pip(self) -> dict[str, str]:
+        packages = self.host.pip.get_packages(pip_path=f"{self.venv}/bin/pip")
+        return {canonical_name(k): v["version"] for k, v in packages.items()}
+
+    @cached_property
+    def env(self) -> dict[bytes, bytes]:
+        out = self._run("env -0")
+        if out.rc != 0:
+            raise CheckFailed(f"`env -0` failed in the env: {out.stderr.strip()}")
+        pairs = {}
+        for item in out.stdout_bytes.split(b"\0"):
+            if b"=" in item:
+                k, _, v = item.partition(b"=")
+                pairs[k] = v
+        return pairs
+
+    @cached_property
+    def dpkg(self) -> dict[str, tuple[str, str]]:
+        out = self._run("dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Status}\\n'")
+        if out.rc != 0:
+            raise CheckFailed(f"dpkg-query failed in the env: {out.stderr.strip()}")
+        rows = {}
+        for line in out.stdout.splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3:
+                rows[parts[0]] = (parts[1], parts[2])
+        return rows
+
+    @cached_property
+    def python(self) -> str:
+        out = self._run(f"{shlex.quote(self.venv + '/bin/python')} -c "
+                        "'import sys; print(\"%d.%d.%d\" % sys.version_info[:3])'")
+        if out.rc != 0:
+            raise CheckFailed(f"{self.venv}/bin/python does not run: {(out.stderr or out.stdout).strip()[-300:]}")
+        return out.stdout.strip()
+
+
+def judge(check: Check, facts: Facts) -> str:
+    """Raise CheckFailed (or CheckSkipped) unless the check holds; return what was seen."""
+    kind = check.kind
+    if kind == "system":
+        row = facts.dpkg.get(check.key)
+        if row is None or row[1] != "installed":
+            raise CheckFailed(f"{check.key} is not installed (dpkg: {row[1] if row else 'unknown package'})")
+        if check.expected and row[0] != check.expected:
+            raise CheckFailed(f"{check.key} is {row[0]}, the spec pins {check.expected}")
+        return row[0]
+    if kind == "pip":
+        have = facts.pip.get(check.key)
+        if have is None:
+            raise CheckFailed(f"{check.key} is not installed (pip list in {facts.venv} has no {check.key})")
+        try:
+            ok = SpecifierSet(check.expected).contains(Version(have), prereleases=True)
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            raise CheckFailed(f"{check.key} {have} is installed, the last phase naming it asks {check.expected}")
+        return have
+    if kind == "python":
+        have = facts.python
+        if have.rsplit(".", 1)[0] != check.expected:
+            raise CheckFailed(f"{facts.venv}/bin/python is {have}, the spec says {check.expected}")
+        return have
+    if kind == "env":
+        have = facts.env.get(check.key.encode())
+        want = check.expected.encode("utf-8")
+        if have is None:
+            raise CheckFailed(f"{check.key} is not set in the env (expected {want!r})")
+        if have != want:
+            raise CheckFailed(f"{check.key} is {have!r}, expected {want!r}")
+        return have.decode("utf-8", "replace")
+    if kind == "file":
+        f = facts.host.file(check.key)
+        if not f.exists or not f.is_file:
+            raise CheckFailed(f"{check.key} is missing (or not a regular file)")
+        digest = f.sha256sum
+        if digest != check.expected:
+            raise CheckFailed(f"{check.key} has sha256 {digest}, the spec's file has {check.expected}")
+        mode = "%04o" % f.mode
+        if check.mode and mode != check.mode:
+            raise CheckFailed(f"{check.key} has mode {mode}, expected {check.mode}")
+        return digest
+    if kind == "weight":
+        path = shlex.quote(check.key)
+        out = facts.host.run(f"test -d {path} && find {path} -mindepth 1 -maxdepth 1 | head -n 5")
+        if out.rc != 0:
+            raise CheckFailed(f"weight mount point {check.key} is missing")
+        if out.stdout.strip():
+            found = ", ".join(out.stdout.split())
+            raise CheckFailed(f"weight mount point {check.key} is not empty (weights must never be baked): {found}")
+        return "empty"
+    if kind == "label":
+        have = facts.labels.get(check.key)
+        if have == check.expected:
+            return have
+        if have and facts.foreign_hash_ok:
+            raise CheckSkipped(f"the image was built from another version of the spec ({check.key}={have[:12]}, "
+                               f"spec {check.expected[:12]}); its contents are what was checked")
+        raise CheckFailed(f"image label {check.key} is {have!r}, expected {check.expected}")
+    raise ValueError(f"unknown check kind {kind!r}")

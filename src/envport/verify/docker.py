@@ -1,0 +1,174 @@
+"""Verify a docker image: start it, run the spec's checks (and tests/images/) with pytest, remove it.
+
+The container is `docker run -d --network host IMAGE sleep infinity`, named
+`envport-verify-<name>-<random>` and removed in a `finally` (a SIGTERM to
+envport becomes an interrupt, so that runs too).  pytest runs in-process with
+testinfra's `docker://` host; its own terminal output is kept out of
+envport's, which prints one line per check and a verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..hashing import content_hash
+from ..ledger import append
+from ..loader import Loaded
+from ..plan import CONTAINER_VENV
+from ..site import Site
+from ..verdict import StepResult, Verdict
+from .checks import Facts, spec_checks
+from .plugin import VerifyPlugin
+
+TARGET = "docker"
+USER_TESTS = Path("tests") / "images"
+REPORTS = Path("reports")
+VERIFY_LABEL = "envport.verify"
+
+Progress = Callable[[str], None]
+
+
+def default_junit(root: Path, name: str) -> Path:
+    return root / REPORTS / f"verify-{name}.xml"
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks (container removal) run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _pytest_args(root: Path, spec_path: Path, container: str, junit: Path, workdir: Path) -> list[str]:
+    ini = workdir / "pytest.ini"
+    ini.write_text("[pytest]\n")  # the project's own pytest settings are not for image tests
+    user_tests = root / USER_TESTS
+    args = [str(spec_path), "-c", str(ini), "--rootdir", str(root), "-p", "no:cacheprovider", "-q",
+            "--no-header", f"--junitxml={junit}", "-o", "junit_family=xunit2",
+            "-o", "junit_suite_name=envport-verify", f"--hosts=docker://{container}"]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        args += ["-p", "testinfra.plugin"]
+    if user_tests.is_dir():
+        args += [str(user_tests), "--confcutdir", str(user_tests)]
+    else:
+        args += ["--confcutdir", str(spec_path.parent)]
+    return args
+
+
+def _summary(results: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    order = ("failed", "error", "passed", "skipped")
+    return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "no checks ran"
+
+
+def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = None, junit: Optional[Path] = None,
+           progress: Progress) -> StepResult:
+    """Run every check of the spec (and tests/images/) against the image; one StepResult."""
+    import pytest
+
+    import docker
+    from ..builders.docker import connect, get_image, image_tag, unreachable
+
+    start = time.monotonic()
+    spec = loaded.spec
+    hash_ = content_hash(loaded, site)
+    ref = image or image_tag(spec.name, hash_)
+    step = f"verify {spec.name}@{hash_[:12]} ({TARGET} {ref})"
+    client, why = connect()
+    if client is None:
+        return unreachable(step, why)
+    img = get_image(client, ref)
+    if img is None:
+        fix = f"build it: `envport build {spec.name} --target docker`" if image is None else \
+            "check the tag (`docker images`) or build it"
+        return StepResult(step, Verdict.REFUSED, f"image {ref} is not in the engine; {fix}", reason="image_missing")
+
+    checks = spec_checks(loaded, hash_)
+    junit = Path(junit) if junit else default_junit(root, spec.name)
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    name = f"envport-verify-{spec.name}-{secrets.token_hex(4)}"
+
+    def say(rec: dict) -> None:
+        mark = {"passed": "PASS", "skipped": "SKIP"}.get(rec["outcome"], "FAIL")
+        extra = f": {rec['message']}" if rec["message"] and mark != "PASS" else ""
+        progress(f"envport: [verify] {mark} {rec['id']}{extra}")
+
+    def make_facts() -> Facts:
+        import testinfra
+
+        return Facts(testinfra.get_host(f"docker://{name}"), labels=dict(img.labels or {}), venv=CONTAINER_VENV,
+                     foreign_hash_ok=image is not None)
+
+    plugin = VerifyPlugin(spec=spec, spec_path=loaded.path, checks=checks, make_facts=make_facts, image=ref,
+                          on_result=say)
+    out = io.StringIO()
+    container = None
+    with _sigterm_interrupts():
+        try:
+            progress(f"envport: [verify] starting {name} from {ref} (network {site.network})")
+            container = client.containers.run(
+                img.id, entrypoint=["sleep", "infinity"], detach=True, name=name,
+                network_mode=site.network, labels={VERIFY_LABEL: spec.name})
+            with tempfile.TemporaryDirectory(prefix="envport-verify-") as tmp, contextlib.redirect_stdout(out):
+                code = pytest.main(_pytest_args(root, loaded.path, name, junit, Path(tmp)), plugins=[plugin])
+        finally:
+            if container is not None:
+                with contextlib.suppress(docker.errors.APIError):
+                    container.remove(force=True)
+    if code == pytest.ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt()
+    seconds = time.monotonic() - start
+    results = plugin.results
+    bad = [r for r in results if r["outcome"] not in ("passed", "skipped")]
+    summary = _summary(results)
+    if code in (pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR) or (not results and code != 0):
+        verdict, lines = Verdict.FAILED, out.getvalue().rstrip().splitlines()[-30:]
+        summary = f"pytest could not run the checks (exit {int(code)})"
+    elif bad or code != 0:
+        verdict = Verdict.FAILED
+        lines = [f"{r['id']}: {r['message']}" for r in bad]
+        if not bad:
+            lines = out.getvalue().rstrip().splitlines()[-30:]
+    else:
+        verdict, lines = Verdict.OK, []
+    size = img.attrs.get("Size", 0)
+    try:
+        junit_shown = str(junit.relative_to(root))
+    except ValueError:
+        junit_shown = str(junit)
+    data = {"image": ref, "image_id": img.id, "size": size, "junit": junit_shown,
+            "image_hash": (img.labels or {}).get("envport.hash"), "checks": results}
+    result = StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines, seconds=seconds, data=data)
+    append(root, spec.name, {
+        "kind": "verify", "target": TARGET, "hash": hash_, "verdict": verdict.value, "summary": summary,
+        "checks": [{"id": r["id"], "outcome": r["outcome"], **({"message": r["message"]} if r["message"] else {})}
+                   for r in results],
+        "seconds": round(seconds, 3), "image": ref, "image_id": img.id, "size": size,
+        "image_hash": data["image_hash"],
+    })
+    return result
