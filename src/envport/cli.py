@@ -28,6 +28,7 @@ COMMANDS = [
     "witness",
     "doctor",
     "slurm",
+    "parity",
 ]
 
 EXIT_CODES_HELP = """exit codes:

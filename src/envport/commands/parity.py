@@ -1,0 +1,123 @@
+"""`envport parity NAME`: build the env on every target this host can run and diff what each one holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+TARGET_CHOICES = ("docker", "venv", "ssh", "conda")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "parity", help="build an env on every target here (docker, venv, venv over SSH, conda) and diff them",
+        description="Build the env (or find it present) on every target this host can run: the docker image, "
+        "a venv here, a venv on each SSH site host, a conda env where conda is on PATH. Then compare, from "
+        "inside each env: pip freeze (PEP 503 names; pip/setuptools/wheel/envport left out), the python "
+        "version (at the precision the spec declares) and the env vars the spec declares (never PATH/HOME, "
+        "nor ENVPORT_HASH, which differs between site-applied container builds and host builds). Prints the "
+        "table and exits 1 naming every difference. A target the host cannot run is skipped with its reason.")
+    p.add_argument("name", metavar="NAME|PATH", help="spec name (specs/<name>.yaml) or path")
+    p.add_argument("--target", action="append", default=[], metavar="T",
+                   help=f"only these targets (repeat or comma-separate): {', '.join(TARGET_CHOICES)} "
+                   "(default: all)")
+    p.add_argument("--host", action="append", default=None, metavar="H",
+                   help="SSH host for the `ssh` target (site alias or destination; repeatable; "
+                   "default: every host of the site profile)")
+    p.add_argument("--site", default=None, help="site profile (default: local)")
+    p.add_argument("--envs-dir", default=None, help="venv here: ENVPORT_ENVS_DIR (default: $ENVPORT_ENVS_DIR "
+                   "or ~/.envport/envs)")
+    p.add_argument("--ssh-envs-dir", default=None,
+                   help="venv over SSH: ENVPORT_ENVS_DIR on the host (default: $ENVPORT_SSH_ENVS_DIR; when the "
+                   "host is this machine, /var/tmp/envport-ssh-envs, so it is really built twice)")
+    p.add_argument("--rebuild", action="store_true", help="rebuild every target even when present")
+    p.add_argument("--no-ledger", action="store_true", help="do not record builds and the result in the ledger")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .. import parity
+    from ..errors import EnvportError
+    from ..progress import stderr_progress
+    from ..site import load_site
+    from ..verdict import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+    from ._common import load_one
+
+    targets = [t.strip() for item in args.target for t in item.split(",") if t.strip()]
+    bad = [t for t in targets if t not in TARGET_CHOICES]
+    if bad:
+        raise EnvportError(f"--target {', '.join(bad)}: choose from {', '.join(TARGET_CHOICES)}")
+    loaded = load_one(args, args.name)
+    site = load_site(args.site, loaded.root)
+    out = sys.stdout
+
+    def on_target(f) -> None:
+        if args.json:
+            return
+        if f.skipped:
+            print(f"skipped  {f.target:<14} {f.skipped}", file=out)
+        elif f.build is not None and not f.build.verdict.ok:
+            print(f"{f.build.verdict.value:<8} {f.target:<14} {f.build.detail}", file=out)
+            for ln in f.build.lines[-15:]:
+                print(f"    | {ln}", file=out)
+        else:
+            print(f"{f.build.verdict.value:<8} {f.target:<14} python {f.python}, {len(f.packages)} packages, "
+                  f"{f.where} ({f.seconds:.1f}s)", file=out)
+        out.flush()
+
+    opts = parity.ParityOptions(targets=tuple(targets) or TARGET_CHOICES, hosts=args.host,
+                                local_envs_dir=args.envs_dir, ssh_envs_dir=args.ssh_envs_dir,
+                                rebuild=args.rebuild, record=not args.no_ledger, on_target=on_target)
+    if not args.json:
+        print(f"envport parity {loaded.spec.name}@{loaded.hash12}", file=out)
+    t0 = time.monotonic()
+    facts = parity.run_parity(loaded, site, opts, progress=stderr_progress)
+    total = time.monotonic() - t0
+    diffs = parity.differences(loaded, facts)
+    ok_targets = parity.compared(facts)
+    broken = [f for f in facts if not f.skipped and (f.build is None or not f.build.verdict.ok)]
+    if broken:
+        verdict, code = "FAILED", EXIT_FAILED
+        line = "could not build or probe: " + ", ".join(f"{f.target} ({f.build.detail if f.build else '?'})"
+                                                          for f in broken)
+    elif len(ok_targets) < 2:
+        verdict, code = "REFUSED", EXIT_REFUSED
+        line = (f"fewer than two targets could run here ({', '.join(f.target for f in ok_targets) or 'none'}); "
+                "nothing to compare")
+    elif diffs:
+        verdict, code = "FAILED", EXIT_FAILED
+        line = f"{len(diffs)} difference(s): " + "; ".join(d.line() for d in diffs[:5]) + \
+               (f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else "")
+    else:
+        n_pkgs = len(ok_targets[0].packages)
+        line = (f"{len(ok_targets)} targets agree ({', '.join(f.target for f in ok_targets)}): python "
+                f"{loaded.spec.python}, {n_pkgs} packages, {len(ok_targets[0].env)} env vars")
+        verdict, code = "OK", EXIT_OK
+    if not args.no_ledger:
+        from .. import ledger
+
+        ledger.append(loaded.root, loaded.spec.name, {
+            "kind": "parity", "hash": loaded.hash, "verdict": verdict, "summary": line, "exit_code": code,
+            "seconds": round(total, 3), "targets": [f.target for f in ok_targets],
+            "skipped": {f.target: f.skipped for f in facts if f.skipped},
+            "differences": [d.line() for d in diffs],
+        })
+    if args.json:
+        json.dump({"env": loaded.spec.name, "hash": loaded.hash, "verdict": verdict, "exit_code": code,
+                   "seconds": round(total, 3), "summary": line, "targets": [f.to_dict() for f in facts],
+                   "differences": [{"kind": d.kind, "name": d.name, "values": d.values} for d in diffs]},
+                  out, indent=2)
+        out.write("\n")
+        return code
+    lines = parity.table(loaded, facts, diffs)
+    if lines:
+        print("", file=out)
+        for ln in lines:
+            print(ln, file=out)
+        print("", file=out)
+    for d in diffs:
+        print(f"DIFF     {d.line()}", file=out)
+    print(f"{verdict} parity {loaded.spec.name}: {line} ({total:.1f}s)", file=out)
+    return code
