@@ -1,0 +1,197 @@
+"""Verify a venv/conda env built by the shell target: here (testinfra `local://`) or on an SSH site host
+(`ssh://HOST` with the site's ssh_config).
+
+The same spec checks and pytest plugin as the docker backend (verify/docker.py),
+with what differs for an env that lives in a folder on a host:
+
+- the interpreter and pip are `<prefix>/bin/python`, `<prefix>/bin/pip`;
+- the env vars are what the env's `.envport/env.sh` exports (what activating it
+  does), not the login shell's;
+- shim files and weight mount points sit under `$ENVPORT_ROOT` (default
+  `<prefix>/root`, see setup-venv.sh), so their paths are rebased there;
+- the hash is the one the setup script wrote to `<prefix>/.envport/hash`
+  (there is no image label), checked against the spec's content hash.
+
+An unreachable host is REFUSED (`ssh_unreachable`) by one ssh round trip with
+the site's connect timeout, before pytest starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import shlex
+import tempfile
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..ledger import append
+from ..loader import Loaded
+from ..verdict import StepResult, Verdict
+from .checks import CheckFailed, Facts, spec_checks
+from .docker import USER_TESTS, _summary, default_junit
+from .plugin import VerifyPlugin
+
+Progress = Callable[[str], None]
+TARGET = "venv"
+
+
+class EnvFacts(Facts):
+    """Facts of a folder env: env vars come from sourcing its env block, not from the login shell."""
+
+    @cached_property
+    def env(self) -> dict[bytes, bytes]:
+        p = shlex.quote(self.venv)
+        out = self._run(f"bash -c '. \"$1/.envport/env.sh\" && env -0' envport-verify {p}")
+        if out.rc != 0:
+            raise CheckFailed(f"sourcing {self.venv}/.envport/env.sh failed: {out.stderr.strip()[-300:]}")
+        pairs = {}
+        for item in out.stdout_bytes.split(b"\0"):
+            if b"=" in item:
+                k, _, v = item.partition(b"=")
+                pairs[k] = v
+        return pairs
+
+
+def rebase(checks, root: str):
+    """Shim files and weight mount points live under ENVPORT_ROOT in a folder env; ids stay the spec's."""
+    return [dataclasses.replace(c, key=root.rstrip("/") + c.key) if c.kind in ("file", "weight") else c
+            for c in checks]
+
+
+def _pytest_args(root: Path, spec_path: Path, hosts: list[str], junit: Path, workdir: Path) -> list[str]:
+    ini = workdir / "pytest.ini"
+    ini.write_text("[pytest]\n")  # the project's own pytest settings are not for env tests
+    args = [str(spec_path), "-c", str(ini), "--rootdir", str(root), "-p", "no:cacheprovider", "-q",
+            "--no-header", f"--junitxml={junit}", "-o", "junit_family=xunit2",
+            "-o", "junit_suite_name=envport-verify", *hosts]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        args += ["-p", "testinfra.plugin"]
+    user_tests = root / USER_TESTS
+    if user_tests.is_dir():
+        args += [str(user_tests), "--confcutdir", str(user_tests)]
+    else:
+        args += ["--confcutdir", str(spec_path.parent)]
+    return args
+
+
+def _testinfra_target(ssh_host) -> tuple[str, dict, list[str]]:
+    """(url, get_host kwargs, pytest args) for a site SshHost or a plain destination."""
+    dest = ssh_host.ssh if hasattr(ssh_host, "ssh") else str(ssh_host)
+    url = dest if dest.startswith("ssh://") else f"ssh://{dest}"
+    kwargs: dict = {"timeout": getattr(ssh_host, "connect_timeout", 5) or 5}
+    args = [f"--hosts={url}"]
+    cfg = getattr(ssh_host, "ssh_config", None)
+    if cfg:
+        kwargs["ssh_config"] = str(cfg)
+        args.append(f"--ssh-config={cfg}")  # testinfra drops --ssh-extra-args: the config carries the rest
+    return url, kwargs, args
+
+
+def _close_master(ssh_host, controlpath: str) -> None:
+    """End the ssh control master testinfra started (it would linger for ControlPersist seconds)."""
+    import subprocess
+
+    from ..launchers.ssh import ssh_base_argv
+
+    argv = ssh_base_argv(ssh_host)
+    argv[1:1] = ["-o", f"ControlPath={controlpath}", "-O", "exit"]
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(argv, capture_output=True, timeout=15)
+
+
+def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, prefix: Optional[str] = None,
+               envs_dir: Optional[str] = None, junit: Optional[Path] = None, flavour: str = "venv",
+               progress: Progress) -> StepResult:
+    """Run the spec's checks (and tests/images/) against the env here or on `host`; one StepResult."""
+    import pytest
+    import testinfra
+
+    from ..launchers.ssh import launcher_for_host
+
+    start = time.monotonic()
+    spec = loaded.spec
+    hash_ = loaded.hash
+    where = f" on {host}" if host else ""
+    step = f"verify {spec.name}@{hash_[:12]} ({flavour}{where})"
+
+    if host:
+        launcher = launcher_for_host(site, host, spec.name, prefix=prefix, envs_dir=envs_dir)
+        problem = launcher.preflight()
+        if problem is not None:
+            return dataclasses.replace(problem, step=step, seconds=time.monotonic() - start)
+        url, kwargs, host_args = _testinfra_target(launcher.host)
+        ti_host = testinfra.get_host(url, **kwargs)
+        resolved = ti_host.run(f"P={launcher.prefix_sh}; cd \"$P\" && pwd -P")
+        if resolved.rc != 0:
+            return StepResult(step, Verdict.FAILED, f"cannot resolve the env folder on {host}",
+                              lines=(resolved.stderr or resolved.stdout).strip().splitlines()[-5:])
+        env_prefix = resolved.stdout.strip()
+    else:
+        base = envs_dir or os.environ.get("ENVPORT_ENVS_DIR") or "~/.envport/envs"
+        env_prefix = prefix or str(Path(os.path.expanduser(base)) / spec.name)
+        if not os.access(Path(env_prefix) / "bin" / "python", os.X_OK):
+            return StepResult(step, Verdict.REFUSED, f"no env at {env_prefix}", reason="env_missing",
+                              lines=[f"fix: envport build {spec.name} --target {flavour}"],
+                              seconds=time.monotonic() - start)
+        url, kwargs, host_args = "local://", {}, ["--hosts=local://"]
+
+    control: dict = {}  # set inside the temp dir below: one ssh master for every check (~0.6 s per connection)
+
+    def make_facts() -> Facts:
+        h = testinfra.get_host(url, **kwargs, **control)
+        got = h.run(f"cat {shlex.quote(env_prefix + '/.envport/hash')}")
+        labels = {"envport.hash": got.stdout.strip()} if got.rc == 0 else {}
+        return EnvFacts(h, labels=labels, venv=env_prefix)
+
+    checks = rebase(spec_checks(loaded, hash_), f"{env_prefix}/root")
+    junit = Path(junit) if junit else default_junit(root, spec.name)
+    junit.parent.mkdir(parents=True, exist_ok=True)
+
+    def say(rec: dict) -> None:
+        mark = {"passed": "PASS", "skipped": "SKIP"}.get(rec["outcome"], "FAIL")
+        extra = f": {rec['message']}" if rec["message"] and mark != "PASS" else ""
+        progress(f"envport: [verify] {mark} {rec['id']}{extra}")
+
+    plugin = VerifyPlugin(spec=spec, spec_path=loaded.path, checks=checks, make_facts=make_facts, on_result=say)
+    out = io.StringIO()
+    progress(f"envport: [verify] {flavour} at {url if host else ''}{env_prefix}")
+    with tempfile.TemporaryDirectory(prefix="envport-verify-") as tmp:
+        if host:
+            control["controlpath"] = f"{tmp}/cm"
+        try:
+            with contextlib.redirect_stdout(out):
+                code = pytest.main(_pytest_args(root, loaded.path, host_args, junit, Path(tmp)), plugins=[plugin])
+        finally:
+            if host and os.path.exists(control["controlpath"]):
+                _close_master(launcher.host, control["controlpath"])
+    if code == pytest.ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt()
+    seconds = time.monotonic() - start
+    results = plugin.results
+    bad = [r for r in results if r["outcome"] not in ("passed", "skipped")]
+    summary = _summary(results)
+    if code in (pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR) or (not results and code != 0):
+        verdict, lines = Verdict.FAILED, out.getvalue().rstrip().splitlines()[-30:]
+        summary = f"pytest could not run the checks (exit {int(code)})"
+    elif bad or code != 0:
+        verdict = Verdict.FAILED
+        lines = [f"{r['id']}: {r['message']}" for r in bad] or out.getvalue().rstrip().splitlines()[-30:]
+    else:
+        verdict, lines = Verdict.OK, []
+    try:
+        junit_shown = str(junit.relative_to(root))
+    except ValueError:
+        junit_shown = str(junit)
+    data = {"prefix": env_prefix, "junit": junit_shown, "checks": results, **({"ssh_host": host} if host else {})}
+    append(root, spec.name, {
+        "kind": "verify", "target": flavour, "hash": hash_, "verdict": verdict.value, "summary": summary,
+        "checks": [{"id": r["id"], "outcome": r["outcome"], **({"message": r["message"]} if r["message"] else {})}
+                   for r in results],
+        "seconds": round(seconds, 3), "prefix": env_prefix, **({"ssh_host": host} if host else {}),
+    })
+    return StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines, seconds=seconds, data=data)
