@@ -9,7 +9,7 @@ from ..site import load_site
 from ..verdict import report
 from ._common import load_one, project_root
 
-VERIFY_TARGETS = ("docker",)
+VERIFY_TARGETS = ("docker", "venv")
 
 
 def register(sub) -> None:
@@ -27,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--image", default=None,
                    help="verify this image instead of envport/<name>:<hash12> (its envport.hash label may then "
                    "differ: that check is skipped and says so)")
+    p.add_argument("--host", default=None, help="venv: the env on this SSH host (site alias or destination), "
+                   "checked through testinfra ssh:// with the site's ssh_config (verify/backends.py)")
     p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
     p.add_argument("--json", action="store_true", help="print the verdict and every check as JSON")
     p.set_defaults(func=run)
@@ -39,5 +41,10 @@ def run(args) -> int:
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
     junit = Path(args.junit).resolve() if args.junit else None
+    if args.target == "venv":
+        from ..verify.backends import verify_env
+
+        return report([verify_env(loaded, site, root, host=args.host, junit=junit, progress=stderr_progress)],
+                      args.json)
     result = verify(loaded, site, root, image=args.image, junit=junit, progress=stderr_progress)
     return report([result], args.json)
