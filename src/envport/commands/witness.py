@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--python", default=None,
                    help="venv: the interpreter (default ~/.envport/envs/NAME/bin/python, or under "
                    "$ENVPORT_ENVS_DIR); docker: the interpreter inside the image (default python3)")
+    p.add_argument("--host", default=None,
+                   help="venv: run in the env on this SSH host (site alias or destination; the scripts travel "
+                   "over ssh and are removed after)")
     p.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12>)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: GPUs where the spec asks for them, else what the env has; cuda: require one")
@@ -69,7 +72,14 @@ def run(args) -> int:
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None)
     ledger_facts: dict = {}
-    if args.target == "venv":
+    if args.target == "venv" and args.host:
+        from ..launchers.ssh import launcher_for_host
+        from ..site import load_site
+
+        launcher = launcher_for_host(load_site(None, loaded.root), args.host, spec.name, prefix=args.python and
+                                     str(Path(args.python).parent.parent))
+        ledger_facts["ssh_host"] = args.host
+    elif args.target == "venv":
         python = Path(args.python).expanduser() if args.python else venv_python(spec.name)
         env = dict(os.environ)
         # What activating the env would do: its bin/ first on PATH (CLI checks
