@@ -49,9 +49,9 @@ def throwaway_images(docker_client):
     import docker
 
     for name in names:
-        for img in docker_client.images.list(name=f"envport/{name}"):
-            for tag in img.tags:
-                try:
-                    docker_client.images.remove(tag, noprune=False)
-                except docker.errors.APIError:
-                    pass
+        # By label, not only by tag: a rebuild re-tags, leaving the earlier image untagged.
+        for img in docker_client.images.list(all=True, filters={"label": f"envport.name={name}"}):
+            try:
+                docker_client.images.remove(img.id, force=True)
+            except docker.errors.APIError:
+                pass

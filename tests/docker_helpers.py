@@ -41,7 +41,7 @@ def as_json(proc: subprocess.CompletedProcess) -> dict:
         raise AssertionError(f"not JSON (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
 
 
-def write_spec(root: Path, name: str, **fields) -> Path:
+def write_spec(root: Path, name: str, /, **fields) -> Path:
     """specs/<name>.yaml from a small default (no torch: builds in seconds) updated by fields."""
     data = {
         "name": name,
