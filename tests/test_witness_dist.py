@@ -54,7 +54,9 @@ def test_world_4_collectives_and_square_mesh_pass():
 
 
 def test_hanging_rank_fails_within_deadline_with_every_stack():
-    deadline = 15.0
+    # Long enough for both ranks to import torch and reach their places on a
+    # loaded 2-core machine; the bound asserted is the required one.
+    deadline = 20.0
     t = time.monotonic()
     (res,) = run(dist_spec(2, None), deadline_s=deadline, fault="hang:1")
     elapsed = time.monotonic() - t
@@ -125,13 +127,13 @@ def test_external_launch_runs_just_this_rank():
         assert all(r["rank"] == rank and r["ok"] for r in recs)
 
 
-@pytest.mark.parametrize("deadline", [8.0])
+@pytest.mark.parametrize("deadline", [15.0])
 def test_external_rank_watchdog_dumps_its_stack_at_the_deadline(deadline):
     t = time.monotonic()
     procs = _start_external(2, ["--deadline", str(deadline)], fault="hang:1")
     results = _finish(procs, timeout=deadline + 60)
     assert time.monotonic() - t < deadline + 10
     for rc, _, stderr in results:
-        assert rc != 0 and "most recent call first" in stderr
-    assert "_injected_hang" in results[1][2]
-    assert "run_collectives" in results[0][2]
+        assert rc != 0 and "most recent call first" in stderr, stderr[-3000:]
+    assert "_injected_hang" in results[1][2], results[1][2][-3000:]
+    assert "run_collectives" in results[0][2], results[0][2][-3000:]
