@@ -8,6 +8,7 @@ it.  An unreachable host is REFUSED within the connect timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -67,8 +68,11 @@ def build(loaded: Loaded, site, root: Path, *, flavour: str, host: str | None = 
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
     assert proc.stdin and proc.stdout
-    proc.stdin.write(script_text(loaded, flavour))
-    proc.stdin.close()
+    # ssh may give up before reading the script (host unreachable): its exit code and output say why.
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(script_text(loaded, flavour))
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
     lines: list[str] = []
     for line in proc.stdout:
         line = line.rstrip("\n")
