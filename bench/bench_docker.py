@@ -1,0 +1,215 @@
+"""Docker builds: a no-op `envport build` vs `docker build`, and a last-phase edit vs a cold build.
+
+    python bench/bench_docker.py [--spec demo-cpu] [--repeat 5] [--out bench/results/docker.json]
+
+Works on a throwaway copy of the project with the spec renamed `<spec>-bench`
+(so the real env's tags never move) and a fresh run id in its env (so no layer
+from an earlier run is reused), and removes the images it made.
+
+(a) no-op: `envport build NAME --target docker` on a present image (the CLI,
+    a fresh process each time, and the builder's own call in-process) vs
+    `docker build` of the very same rendered context, fully cached (BuildKit
+    via /usr/bin/docker, the only builder that runs this Dockerfile's
+    RUN --mount lines).  Goal: envport >= 10x faster.
+(b) a build after editing only the last pip phase vs a cold build
+    (`--no-cache`, empty wheelhouse).  Goal: <= 0.15.
+
+Medians of --repeat runs for (a); (b) is one cold and one edited build.  All
+numbers come from one run of this script; they are printed and written to
+--out.  Exits 0 with "skipped: ..." when no engine answers or the base image
+is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+from envport import __version__  # noqa: E402
+from envport.builders import docker as builder  # noqa: E402
+from envport.builders import docker_context  # noqa: E402
+from envport.hashing import content_hash  # noqa: E402
+from envport.loader import load_spec  # noqa: E402
+from envport.plan import make_plan  # noqa: E402
+from envport.progress import quiet  # noqa: E402
+from envport.render import render_plan  # noqa: E402
+from envport.site import apply_site, load_site  # noqa: E402
+
+
+def envport(root: Path, *args: str) -> tuple[float, dict]:
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(root), *args, "--json"], cwd=root,
+                          capture_output=True, text=True)
+    seconds = time.monotonic() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"envport {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return seconds, json.loads(proc.stdout)
+
+
+def copy_project(dest: Path, spec: str, name: str) -> None:
+    for d in ("specs", "sites"):
+        shutil.copytree(REPO / d, dest / d)
+    data = yaml.safe_load((dest / "specs" / f"{spec}.yaml").read_text())
+    data["name"] = name
+    # A run id in env (before the pip phases): the edited last phase is new to the engine's
+    # cache on every run, instead of a hit left by an earlier run of this benchmark.
+    data.setdefault("env", {})["BENCH_RUN"] = secrets.token_hex(6)
+    (dest / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def edit_last_phase(root: Path, name: str) -> str:
+    """Bump the last phase's first pin to another release that the host's index has."""
+    path = root / "specs" / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    last = data["pip_phases"][-1]
+    packages = last if isinstance(last, list) else last["packages"]
+    old = packages[0]
+    pkg, _, version = old.partition("==")
+    probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", pkg], capture_output=True, text=True)
+    versions = [v.strip() for line in probe.stdout.splitlines() if line.startswith("Available versions:")
+                for v in line.split(":", 1)[1].split(",")]
+    other = next((v for v in versions if v != version), None)
+    if other is None:
+        raise SystemExit(f"no other release of {pkg} to edit the last phase to ({probe.stdout}{probe.stderr})")
+    packages[0] = f"{pkg}=={other}"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return f"{old} -> {packages[0]}"
+
+
+def median_of(n: int, fn) -> float:
+    times = []
+    for _ in range(n):
+        t = time.monotonic()
+        fn()
+        times.append(time.monotonic() - t)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default="demo-cpu")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "docker.json"))
+    args = ap.parse_args()
+
+    client, why = builder.connect()
+    if client is None:
+        print(f"skipped: no docker engine answers ({why})")
+        return 0
+    cli = builder.buildkit_cli()
+    if cli is None:
+        print("skipped: no docker client here runs BuildKit")
+        return 0
+    name = f"{args.spec}-bench"
+    tmp = Path(tempfile.mkdtemp(prefix="envport-bench-docker-"))
+    try:
+        copy_project(tmp, args.spec, name)
+        loaded = load_spec(name, tmp)
+        site = load_site(None, tmp)
+        base = next(s.image for s in apply_site(make_plan(loaded), site).steps if s.kind == "base")
+        if builder.get_image(client, base) is None:
+            print(f"skipped: base image {base} absent (envport base debian-bookworm)")
+            return 0
+
+        # (b) cold: no layer cache, empty wheelhouse; then only the last pip phase edited.
+        print(f"(b) cold build of {name} (--no-cache, empty wheelhouse) ...", flush=True)
+        cold_s, cold = envport(tmp, "build", name, "--target", "docker", "--no-cache", "--rebuild")
+        cold_steps = {s["step"].split()[0]: s["seconds"] for s in cold["steps"]}
+        edit = edit_last_phase(tmp, name)
+        print(f"(b) edited the last phase ({edit}), building ...", flush=True)
+        edit_s, edited = envport(tmp, "build", name, "--target", "docker")
+        edit_steps = {s["step"].split()[0]: s["seconds"] for s in edited["steps"]}
+        edited_data = edited["steps"][-1]["data"]
+
+        # (a) no-op on the present image, vs docker build of the same context fully cached.
+        print(f"(a) no-op builds, median of {args.repeat} ...", flush=True)
+        loaded = load_spec(name, tmp)
+        noop_cli = median_of(args.repeat, lambda: envport(tmp, "build", name, "--target", "docker"))
+        _, check = envport(tmp, "build", name, "--target", "docker")
+        assert [s["verdict"] for s in check["steps"]] == ["present"], check
+        noop_call = median_of(args.repeat, lambda: builder.build(loaded, site, tmp, progress=quiet))
+
+        plan = apply_site(make_plan(loaded), site)
+        hash_ = content_hash(loaded, site)
+        ctx = tmp / "docker-context"
+        ctx.mkdir()
+        docker_context.write_context(ctx, render_plan(plan, hash_, ("docker",)), plan,
+                                     site.wheelhouse_path(tmp, name), tmp / "phase-wheels.json")
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root"), "DOCKER_BUILDKIT": "1"}
+        if "DOCKER_HOST" in os.environ:
+            env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+        argv = [cli, "build", "--progress=plain", "--network", site.network, "-q", "."]
+
+        def docker_build():
+            subprocess.run(argv, cwd=ctx, env=env, check=True, capture_output=True)
+
+        docker_build()  # warm: the context is sent once, every layer is a cache hit from here on
+        noop_docker = median_of(args.repeat, docker_build)
+    finally:
+        for img in client.images.list(all=True, filters={"label": f"envport.name={name}"}):
+            try:
+                client.images.remove(img.id, force=True)
+            except Exception:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    engine = client.version()
+    results = {
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "engine": engine.get("Version"),
+                 "client": cli, "envport": __version__, "spec": args.spec},
+        "noop": {
+            "envport_cli_s": round(noop_cli, 3),
+            "envport_build_call_s": round(noop_call, 4),
+            "docker_build_cached_s": round(noop_docker, 3),
+            "speedup_cli": round(noop_docker / noop_cli, 2),
+            "speedup_call": round(noop_docker / noop_call, 1),
+            "goal": ">= 10x",
+            "repeat": args.repeat,
+        },
+        "last_phase_edit": {
+            "edit": edit,
+            "cold_s": round(cold_s, 2),
+            "cold_steps_s": cold_steps,
+            "edited_s": round(edit_s, 2),
+            "edited_steps_s": edit_steps,
+            "edited_built": edited_data.get("built_steps"),
+            "edited_cached": edited_data.get("cached_steps"),
+            "ratio": round(edit_s / cold_s, 3),
+            "goal": "<= 0.15",
+        },
+    }
+    n, e = results["noop"], results["last_phase_edit"]
+    print(f"(a) no-op build of a present image (median of {args.repeat}):")
+    print(f"    envport build (CLI process)      {n['envport_cli_s']:.3f}s")
+    print(f"    envport builder call (in-proc)   {n['envport_build_call_s']:.4f}s")
+    print(f"    docker build, fully cached       {n['docker_build_cached_s']:.3f}s  (BuildKit, {cli})")
+    print(f"    speedup docker/envport: CLI {n['speedup_cli']:.2f}x, call {n['speedup_call']:.1f}x  (goal >= 10x)")
+    print(f"(b) last pip phase edited ({edit}) vs cold:")
+    print(f"    cold   {e['cold_s']:.1f}s  {cold_steps}")
+    print(f"    edited {e['edited_s']:.1f}s  {edit_steps}  built {e['edited_built']}, cached {e['edited_cached']}")
+    print(f"    ratio edited/cold: {e['ratio']:.3f}  (goal <= 0.15)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
