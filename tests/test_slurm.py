@@ -1,0 +1,236 @@
+"""`envport slurm submit`: cluster profiles, the sbatch template, and real jobs on the one-node cluster.
+
+Faults, each on the real cluster: a job whose command fails (FAILED, log tail,
+Slurm's ExitCode); a job Slurm keeps PENDING (a task wider than the node:
+Reason=PartitionConfig, measured) cancelled after max_pending and REFUSED with
+that Reason; a request sbatch rejects outright (REFUSED); scancel in the middle
+of a docker witness leaves no container.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from envport import slurm
+from envport.errors import SpecError
+
+from .shell_envs import ENV_NAME, cli_env, demo_image, envport, fail_with, local_venv, shell_project  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_profile(root: Path, name: str, cache_dir: Path, **fields) -> str:
+    data = {"name": name, "partition": "debug", "time": "00:05:00", "container_runtime": "docker",
+            "cache_dir": str(cache_dir), "max_pending": "60s"}
+    data.update(fields)
+    path = root / "slurm" / "clusters" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return name
+
+
+@pytest.fixture(scope="module")
+def jobs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("slurm-jobs")
+
+
+def submit(root: Path, *args: str, env: dict | None = None, timeout: float = 300) -> tuple[int, dict, str]:
+    proc = envport("slurm", "submit", ENV_NAME, *args, "--json", root=root, env=env, timeout=timeout)
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(fail_with(proc, "envport slurm submit")) from None
+    return proc.returncode, out, proc.stderr
+
+
+# --- profiles and the template ------------------------------------------------------------
+
+
+def test_shipped_profiles_validate():
+    names = slurm.cluster_names(None)
+    assert {"local", "example-gpu"} <= set(names)
+    local = slurm.load_cluster("local", None)
+    assert local.partition == "debug" and local.container_runtime == "docker" and local.max_pending == 120
+    gpu = slurm.load_cluster("example-gpu", None)
+    assert gpu.gres == "gpu:4" and gpu.time_s == 3600
+
+
+def test_a_typo_in_a_profile_is_an_error_with_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\npartition: debug\npartitoin: gpu\ntime: soon\nmax_pending: forever\n")
+    with pytest.raises(SpecError) as exc:
+        slurm.load_cluster(str(path), None)
+    text = str(exc.value)
+    assert f"{path}:3: partitoin" in text  # unknown key, named with its line
+    assert "time" in text and "not a Slurm time" in text
+    assert "max_pending" in text and "not a duration" in text
+
+
+@pytest.mark.parametrize("value,seconds", [("10", 600), ("1:30", 90), ("01:00:00", 3600), ("1-00", 86400),
+                                           ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5)])
+def test_slurm_time_formats(value, seconds):
+    assert slurm.slurm_time_seconds(value) == seconds
+
+
+def test_dry_run_prints_a_script_bash_accepts_with_every_value_quoted(shell_project, tmp_path):  # noqa: F811
+    odd = tmp_path / "jobs with space$HOME"
+    name = write_profile(shell_project, "odd-dry", odd, activation=["echo activating"], account="proj-1")
+    proc = envport("slurm", "submit", ENV_NAME, "--cluster", name, "--target", "docker", "--check",
+                   "collectives", "--world-size", "4", "--dry-run", root=shell_project)
+    assert proc.returncode == 0, fail_with(proc, "dry-run")
+    script = proc.stdout
+    assert script.startswith("#!/bin/bash\n")
+    assert "#SBATCH --job-name=envport-demo-cpu" in script and "#SBATCH --account=proj-1" in script
+    assert "#SBATCH --ntasks=4" in script
+    assert f"'{odd}" in script  # the odd folder is single-quoted wherever it appears
+    assert "srun --ntasks=4 --wait=60 --kill-on-bad-exit=1" in script
+    assert 'name="$1-${SLURM_JOB_ID}-${SLURM_PROCID}"' in script
+    assert not odd.exists(), "a dry run creates nothing"
+    check = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck:
+        sc = subprocess.run([shellcheck, "-s", "bash", "-S", "warning", "-"], input=script, capture_output=True,
+                            text=True)
+        assert sc.returncode == 0, sc.stdout
+
+
+def test_the_wheel_carries_the_slurm_folder(tmp_path):
+    """slurm/ stays top-level in the checkout; `pip install .` must still ship it (envport.slurm_files)."""
+    proc = subprocess.run(["python3", "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {proc.stderr.strip().splitlines()[-1:]}")
+    import zipfile
+
+    wheel = next(tmp_path.glob("envport-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for member in ("envport/slurm_files/__init__.py", "envport/slurm_files/witness.sbatch.j2",
+                   "envport/slurm_files/clusters/local.yaml", "envport/slurm.py",
+                   "envport/launchers/srun.py", "envport/launchers/ssh.py", "envport/verify/backends.py"):
+        assert member in names, member
+
+
+# --- real jobs ---------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir):  # noqa: F811
+    root = local_venv.root
+    name = write_profile(root, "t-venv", jobs_dir)
+    code, out, err = submit(root, "--cluster", name, "--target", "venv", "--check", "collectives",
+                            env=cli_env(ENVPORT_ENVS_DIR=local_venv.envs_dir))
+    assert code == 0, (out, err)
+    steps = {s["step"]: s for s in out["steps"]}
+    assert steps["collectives (world 2)"]["verdict"] == "OK", steps
+    job = steps[f"slurm job {out['job_id']}"]
+    assert job["verdict"] == "OK" and "JobState=COMPLETED ExitCode=0:0" in job["detail"]
+    assert out["state"] == "COMPLETED" and out["slurm_exit_code"] == "0:0"
+    assert f"slurm: job {out['job_id']}: begin dist world 2" in err  # progress lines from the log
+    log = Path(out["log"]).read_text()
+    assert "master " in log and "ENVPORT-WITNESS" in log
+    assert not (Path(out["job_dir"]) / "witnesses").exists(), "the job removes its copy of the witnesses"
+    ledger = json.loads((root / "images" / ENV_NAME / "ledger.json").read_text())["records"]
+    rec = next(r for r in reversed(ledger) if r["kind"] == "witness" and r.get("slurm"))
+    assert rec["verdict"] == "OK" and rec["slurm"]["job_id"] == out["job_id"]
+
+
+@pytest.mark.slurm
+@pytest.mark.docker
+def test_collectives_pass_as_two_tasks_with_docker_run(slurm, demo_image, shell_project, jobs_dir):  # noqa: F811
+    name = write_profile(shell_project, "t-docker", jobs_dir)
+    code, out, err = submit(shell_project, "--cluster", name, "--target", "docker", "--image", demo_image,
+                            "--check", "collectives")
+    assert code == 0, (out, err)
+    steps = {s["step"]: s["verdict"] for s in out["steps"]}
+    assert steps["collectives (world 2)"] == "OK" and out["state"] == "COMPLETED", out
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=envport.slurm-job={out['job_id']}"],
+                          capture_output=True, text=True, timeout=30)
+    assert left.stdout.strip() == ""
+
+
+@pytest.mark.slurm
+def test_a_failing_job_is_failed_with_its_log_tail_and_exit_code(slurm, shell_project, jobs_dir):  # noqa: F811
+    name = write_profile(shell_project, "t-fails", jobs_dir,
+                         activation=["echo activating on $(hostname)", "echo module not found >&2", "exit 7"])
+    code, out, _ = submit(shell_project, "--cluster", name, "--target", "venv", "--check", "collectives",
+                          "--prefix", "/nonexistent")
+    assert code == 1, out
+    assert out["verdict"] == "FAILED" and out["state"] == "FAILED" and out["slurm_exit_code"] == "7:0"
+    job = out["steps"][-1]
+    assert job["verdict"] == "FAILED" and "ExitCode=7:0" in job["detail"]
+    assert "activating on" in "\n".join(job["lines"]) and "module not found" in "\n".join(job["lines"])
+    assert out["steps"][0]["detail"].startswith("not run: the job ended (JobState=FAILED ExitCode=7:0)")
+
+
+@pytest.mark.slurm
+def test_a_job_that_cannot_start_is_cancelled_after_max_pending(slurm, shell_project, jobs_dir):  # noqa: F811
+    # One task wider than the node: Slurm accepts it and keeps it PENDING (Reason=PartitionConfig).
+    name = write_profile(shell_project, "t-pends", jobs_dir, cpus=slurm.cpus * 32, max_pending="3s")
+    t0 = time.monotonic()
+    code, out, err = submit(shell_project, "--cluster", name, "--target", "venv", "--check", "python")
+    assert code == 3, (out, err)
+    step = out["steps"][0]
+    assert step["verdict"] == "REFUSED" and step["reason"] == "pending_timeout", step
+    assert "Reason=PartitionConfig" in step["detail"] and "max_pending 3s" in step["detail"]
+    assert time.monotonic() - t0 < 60
+    gone = subprocess.run(["squeue", "-h", "-j", out["job_id"]], capture_output=True, text=True, timeout=30)
+    assert gone.stdout.strip() == "", "the pending job was not cancelled"
+
+
+@pytest.mark.slurm
+def test_a_request_sbatch_rejects_is_refused(slurm, shell_project, jobs_dir):  # noqa: F811
+    name = write_profile(shell_project, "t-rejected", jobs_dir, mem="100000000")  # 100 TB
+    code, out, _ = submit(shell_project, "--cluster", name, "--target", "venv", "--check", "python")
+    assert code == 3, out
+    step = out["steps"][0]
+    assert step["reason"] == "sbatch_rejected" and "Requested node configuration is not available" in step["detail"]
+
+
+@pytest.mark.slurm
+@pytest.mark.docker
+def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, shell_project, jobs_dir):  # noqa: F811
+    name = write_profile(shell_project, "t-cancel", jobs_dir)
+    proc = subprocess.Popen(
+        ["python3", "-m", "envport", "-C", str(shell_project), "slurm", "submit", ENV_NAME, "--cluster", name,
+         "--target", "docker", "--image", demo_image, "--check", "collectives", "--json", "--no-ledger"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(ENVPORT_WITNESS_FAULT="hang:1"))  # rank 1 hangs: the witness stays in the middle
+    try:
+        deadline = time.monotonic() + 120
+        job = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            ps = subprocess.run(["docker", "ps", "--filter", f"name=^envport-{ENV_NAME}-", "--format",
+                                 '{{.Label "envport.slurm-job"}} {{.Names}}'],
+                                capture_output=True, text=True, timeout=30)
+            rows = [ln.split() for ln in ps.stdout.splitlines() if ln.strip()]
+            if len(rows) >= 2:
+                job = rows[0][0]
+                assert {r[1] for r in rows} >= {f"envport-{ENV_NAME}-{job}-0", f"envport-{ENV_NAME}-{job}-1"}
+                break
+            time.sleep(0.5)
+        assert job, "the rank containers never started"
+        time.sleep(2)  # in the middle of the witness
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = json.loads(stdout)
+    assert proc.returncode == 1 and out["state"] == "CANCELLED", (out, stderr)
+    assert "the job ended (CANCELLED) while this witness ran" in out["steps"][0]["detail"]
+    end = time.monotonic() + 30
+    while True:
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=envport.slurm-job={job}"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        if not left or time.monotonic() > end:
+            break
+        time.sleep(0.5)
+    assert left == "", "containers of the cancelled job are still there"

@@ -1,0 +1,166 @@
+"""The shell target on a real host over SSH: build, verify (testinfra ssh://), witnesses (launchers/ssh.py).
+
+The host is the test sshd on 127.0.0.1:2222 (site alias `test`), which is this
+machine: the env goes to its own folder (SSH_ENVS_DIR) so it is built over SSH
+for real, not found present from a local build.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shlex
+import subprocess
+import tarfile
+import time
+
+import pytest
+
+from envport.launchers.ssh import SshLauncher, prefix_expr, remote_word, witness_payload
+from envport.launchers.base import WITNESS_DIR
+from envport.site import SshHost as SiteSshHost
+
+from .shell_envs import ENV_NAME, cli_env, envport, fail_with, shell_project, ssh_venv  # noqa: F401
+
+UNREACHABLE = "ssh://root@127.0.0.1:1"  # nothing listens on port 1: connection refused at once
+
+
+# --- units ---------------------------------------------------------------------------
+
+
+def test_remote_words_quote_everything_but_the_env_and_scripts_dirs():
+    assert remote_word("$P/bin/python") == '"$P"/bin/python'
+    assert remote_word("$D/dist.py") == '"$D"/dist.py'
+    assert remote_word("it's $HOME") == "'it'\"'\"'s $HOME'"
+    assert remote_word("$Pfoo") == "'$Pfoo'"
+
+
+def test_prefix_is_literal_or_under_the_remote_home():
+    assert prefix_expr("demo-cpu", envs_dir="/var/tmp/a b") == "'/var/tmp/a b/demo-cpu'"
+    assert prefix_expr("demo-cpu") == '"$HOME"/.envport/envs/demo-cpu'
+    assert prefix_expr("x", prefix="/opt/env") == "/opt/env"
+
+
+def test_witness_payload_carries_every_script():
+    data = base64.b64decode(witness_payload(str(WITNESS_DIR)))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = sorted(tar.getnames())
+    assert names == sorted(p.name for p in WITNESS_DIR.glob("*.py"))
+    assert "dist.py" in names and "envport_sentinel.py" in names
+
+
+def test_remote_script_sources_the_env_block_and_cleans_up():
+    launcher = SshLauncher("somehost", ENV_NAME, envs_dir="/envs")
+    inv = launcher.invocation("basic.py", ["--python", "3.11"], {"A": "x y"})
+    script = shlex.split(inv.argv[-1])[-1]  # `bash -c SCRIPT`
+    assert ". \"$P/.envport/env.sh\"" in script
+    assert "trap 'rm -rf \"$D\"' EXIT" in script
+    assert "export A='x y'" in script
+    assert 'setsid "$P"/bin/python "$D"/basic.py --python 3.11 &' in script
+    assert inv.cleanup and "kill -TERM" in inv.cleanup[0][-1]
+
+
+# --- against the real sshd -------------------------------------------------------------
+
+
+@pytest.mark.ssh
+def test_unreachable_host_is_refused_within_10s(shell_project):  # noqa: F811
+    for args in (("witness", ENV_NAME, "--target", "venv", "--host", UNREACHABLE, "--no-ledger"),
+                 ("verify", ENV_NAME, "--target", "venv", "--host", UNREACHABLE),
+                 ("build", ENV_NAME, "--target", "venv", "--host", UNREACHABLE)):
+        t0 = time.monotonic()
+        proc = envport(*args, root=shell_project, timeout=30)
+        took = time.monotonic() - t0
+        assert proc.returncode == 3, fail_with(proc, " ".join(args))
+        assert "REFUSED" in proc.stdout and "ssh_unreachable" in proc.stdout, proc.stdout
+        assert "Connection refused" in proc.stdout, proc.stdout
+        assert took < 10, f"{args[0]}: REFUSED after {took:.1f}s"
+
+
+@pytest.mark.ssh
+def test_missing_env_on_the_host_is_refused(ssh_host, shell_project):  # noqa: F811
+    site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))
+    result = SshLauncher(site_host, "no-such-env", envs_dir="/var/tmp/envport-nowhere").preflight()
+    assert result is not None and result.reason == "env_missing"
+    assert "envport build no-such-env --target venv" in result.lines[0]
+
+
+@pytest.mark.ssh
+def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):  # noqa: F811
+    proc = envport("build", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
+                   env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+    assert proc.returncode == 0, fail_with(proc, "build again")
+    step = json.loads(proc.stdout)["steps"][-1]
+    assert step["verdict"] == "present" and step["data"]["prefix"] == ssh_venv.prefix
+
+    proc = envport("verify", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
+                   env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+    assert proc.returncode == 0, fail_with(proc, "verify --host test")
+    result = json.loads(proc.stdout)["steps"][0]
+    assert result["verdict"] == "OK", result
+    checks = {c["id"]: c["outcome"] for c in result["data"]["checks"]}
+    for cid in ("pip[torch==2.13.0]", "pip[six==1.16.0]", "python[3.11]", "env[DEMO_GREETING]",
+                "file[/opt/demo/run.py]", "weight[tiny:/weights/tiny]", "label[envport.hash]"):
+        assert checks.get(cid) == "passed", (cid, checks)
+    assert result["data"]["prefix"] == ssh_venv.prefix and result["data"]["ssh_host"] == "test"
+    ledger = json.loads((ssh_venv.root / "images" / ENV_NAME / "ledger.json").read_text())["records"]
+    assert any(r["kind"] == "verify" and r.get("ssh_host") == "test" and r["verdict"] == "OK" for r in ledger)
+
+
+@pytest.mark.ssh
+def test_verify_over_ssh_names_a_broken_env_var(ssh_venv, ssh_host):  # noqa: F811
+    """The env block is what is checked: change it on the host and the check names the variable."""
+    env_sh = f"{ssh_venv.prefix}/.envport/env.sh"
+    edit = f"cp {env_sh} {env_sh}.bak && sed -i 's/hello from demo-cpu/tampered/' {env_sh}"
+    subprocess.run(ssh_host.argv(edit), check=True, timeout=30)
+    try:
+        proc = envport("verify", ENV_NAME, "--target", "venv", "--host", "test", root=ssh_venv.root,
+                       env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+    finally:
+        subprocess.run(ssh_host.argv(f"mv {env_sh}.bak {env_sh}"), check=True, timeout=30)
+    assert proc.returncode == 1, fail_with(proc, "verify of a tampered env")
+    assert "env[DEMO_GREETING]: DEMO_GREETING is b'tampered'" in proc.stdout, proc.stdout
+
+
+@pytest.mark.ssh
+def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):  # noqa: F811
+    proc = envport("witness", ENV_NAME, "--target", "venv", "--host", "test", "--only",
+                   "python,imports,kernel,collectives", "--json", root=ssh_venv.root,
+                   env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+    assert proc.returncode == 0, fail_with(proc, "witness --host test")
+    out = json.loads(proc.stdout)
+    verdicts = {s["step"]: s["verdict"] for s in out["steps"]}
+    assert verdicts == {"python": "OK", "import torch": "OK", "import six": "OK", "kernel": "OK",
+                        "collectives (world 2)": "OK"}, out["steps"]
+    assert out["launcher"].startswith("ssh test ")
+    # The env's own interpreter ran, with its env block sourced.
+    python = next(s for s in out["steps"] if s["step"] == "python")
+    assert ssh_venv.prefix in python["detail"]
+    left = subprocess.run(ssh_host.argv('ls -d "${TMPDIR:-/tmp}"/envport-witness-*.* 2>/dev/null | wc -l'),
+                          capture_output=True, text=True, timeout=30)
+    assert left.stdout.strip() == "0", "witness scripts left on the host"
+
+
+@pytest.mark.ssh
+def test_deadline_ends_the_remote_ranks(ssh_venv, ssh_host):  # noqa: F811
+    """A hung rank past the launcher's deadline: the ssh client AND the remote process group end."""
+    from envport.loader import load_spec
+
+    spec = load_spec(ENV_NAME, ssh_venv.root).spec
+    site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))
+    launcher = SshLauncher(site_host, ENV_NAME, envs_dir=ssh_venv.envs_dir)
+    marker = f"envport-deadline-{time.time_ns()}"
+    result = launcher.run("dist.py", ["--checks", "collectives", "--world-size", "2", "--launch", "spawn",
+                                      "--deadline", "120"],
+                          {"ENVPORT_WITNESS_FAULT": "hang:1", "ENVPORT_TEST_MARK": marker}, deadline_s=10)
+    assert result.timed_out
+    deadline = time.monotonic() + 20
+    while True:
+        ps = subprocess.run(ssh_host.argv(f"grep -l {marker} /proc/[0-9]*/environ 2>/dev/null | wc -l"),
+                            capture_output=True, text=True, timeout=30)
+        if ps.stdout.strip() == "0" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert ps.stdout.strip() == "0", "remote witness processes outlived the deadline"
+    assert spec.name == ENV_NAME
