@@ -186,20 +186,35 @@ def test_no_cache_and_rebuild_build_again(docker_client, base_image, dproject, t
     assert fresh["steps"][-1]["verdict"] == "OK"
     assert "pip-1" in fresh["steps"][-1]["data"]["built_steps"]
     assert "pip-1" not in fresh["steps"][-1]["data"]["cached_steps"]
+    # Each rebuild replaced the image under the tag; the replaced ones were not left dangling.
+    mine = docker_client.images.list(all=True, filters={"label": f"envport.name={name}"})
+    assert [img.id for img in mine] == [fresh["steps"][-1]["data"]["image_id"]]
 
 
-def test_without_buildkit_a_wheelhouse_site_is_refused(docker_client, base_image, dproject):
+def test_without_buildkit_the_legacy_builder_or_a_clear_refusal(docker_client, base_image, dproject,
+                                                                throwaway_images):
     legacy_cli = "/usr/local/bin/docker"
     probe = subprocess.run([legacy_cli, "build", "--help"], capture_output=True, text=True,
                            env={**os.environ, "DOCKER_BUILDKIT": "1"}) if os.path.exists(legacy_cli) else None
     if probe is None or probe.returncode == 0:
         pytest.skip(f"no docker client without BuildKit at {legacy_cli} to stand for a legacy-only host")
-    write_spec(dproject, "tiny-legacy")
+    name = "tiny-legacy"
+    throwaway_images.append(name)
+    write_spec(dproject, name, env={"TINY_RUN": unique("run")})
     env = {**os.environ, "ENVPORT_DOCKER_CLI": legacy_cli}
-    proc = run_envport("build", "tiny-legacy", "--target", "docker", "--json", root=dproject, env=env)
+    # The wheelhouse is bind-mounted with RUN --mount: only BuildKit can, so this is refused with the fix.
+    proc = run_envport("build", name, "--target", "docker", "--json", root=dproject, env=env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][-1]
     assert step["reason"] == "no_buildkit" and "wheelhouse: false" in step["detail"]
+    # Without a wheelhouse the docker SDK's legacy builder builds it (pip reaches the index itself).
+    site = write_site(dproject, "nowheels", wheelhouse=False)
+    proc = run_envport("build", name, "--target", "docker", "--site", site, "--json", root=dproject, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    build = as_json(proc)["steps"][-1]
+    assert "legacy builder" in proc.stderr and "step 5/6 pip-1: pip phase 1: six==1.16.0" in proc.stderr
+    assert "pip-1" in build["data"]["built_steps"]
+    assert docker_client.images.get(build["data"]["image"]).labels["envport.name"] == name
 
 
 # --- log parsing (no engine) ---------------------------------------------------

@@ -243,7 +243,7 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
         return [unreachable("docker engine", why)]
 
     t0 = time.monotonic()
-    image = get_image(client, tag)
+    image = previous = get_image(client, tag)
     if image is not None and image.labels.get("envport.hash") == hash_ and not rebuild:
         if f"{repo(name)}:latest" not in image.tags:
             image.tag(repo(name), "latest")
@@ -327,13 +327,22 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
         return results
     image.tag(repo(name), hash_[:12])
     image.tag(repo(name), "latest")
+    if previous is not None and previous.id != image.id:
+        # The image this rebuild replaces is now untagged: drop it, unless something still uses it.
+        import docker
+
+        try:
+            client.images.remove(previous.id, noprune=False)
+        except docker.errors.APIError:
+            pass
     size = image.attrs.get("Size", 0)
     result = StepResult(step, Verdict.OK,
-                        f"{image.id[:19]} ({_size(size)}; {len(log.built)} step(s) built, "
-                        f"{len(log.cached)} cached)",
+                        f"{image.id[:19]} ({_size(size)}; {len(set(log.built))} step(s) built, "
+                        f"{len(set(log.cached))} cached)",
                         seconds=seconds,
                         data={"image": tag, "image_id": image.id, "size": size,
-                              "built_steps": log.built, "cached_steps": log.cached})
+                              "built_steps": list(dict.fromkeys(log.built)),
+                              "cached_steps": list(dict.fromkeys(log.cached))})
     results.append(result)
     _record(root, loaded, hash_, result, builder=builder, total_seconds=round(time.monotonic() - start, 3))
     return results
