@@ -74,15 +74,16 @@ def docker_host() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
-def connect(timeout: int = 60):
-    """(client, None) when the engine answers a ping, else (None, why)."""
+def connect(timeout: int = 60, ping_timeout: int = 10):
+    """(client, None) when the engine answers a ping within ping_timeout, else (None, why)."""
     try:
         import docker
 
-        client = docker.from_env(timeout=timeout)
+        client = docker.from_env(timeout=ping_timeout)
         client.ping()
     except Exception as exc:  # DockerException, requests/urllib3 and socket errors alike
         return None, f"{type(exc).__name__}: {str(exc)[:300]}"
+    client.api.timeout = timeout  # streamed builds pass no timeout of their own and wait as long as they run
     return client, None
 
 
