@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envport import slurm
+from envport import slurm as envport_slurm
 from envport.errors import SpecError
 
 from .shell_envs import ENV_NAME, cli_env, demo_image, envport, fail_with, local_venv, shell_project  # noqa: F401
@@ -54,19 +54,27 @@ def submit(root: Path, *args: str, env: dict | None = None, timeout: float = 300
 
 
 def test_shipped_profiles_validate():
-    names = slurm.cluster_names(None)
+    names = envport_slurm.cluster_names(None)
     assert {"local", "example-gpu"} <= set(names)
-    local = slurm.load_cluster("local", None)
+    local = envport_slurm.load_cluster("local", None)
     assert local.partition == "debug" and local.container_runtime == "docker" and local.max_pending == 120
-    gpu = slurm.load_cluster("example-gpu", None)
+    gpu = envport_slurm.load_cluster("example-gpu", None)
     assert gpu.gres == "gpu:4" and gpu.time_s == 3600
+
+
+def test_clusters_command_lists_project_and_shipped_profiles(shell_project, jobs_dir):  # noqa: F811
+    write_profile(shell_project, "t-listed", jobs_dir)
+    proc = envport("slurm", "clusters", "--json", root=shell_project)
+    assert proc.returncode == 0, fail_with(proc, "slurm clusters")
+    names = {p["name"] for p in json.loads(proc.stdout)}
+    assert {"local", "example-gpu", "t-listed"} <= names
 
 
 def test_a_typo_in_a_profile_is_an_error_with_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: bad\npartition: debug\npartitoin: gpu\ntime: soon\nmax_pending: forever\n")
     with pytest.raises(SpecError) as exc:
-        slurm.load_cluster(str(path), None)
+        envport_slurm.load_cluster(str(path), None)
     text = str(exc.value)
     assert f"{path}:3: partitoin" in text  # unknown key, named with its line
     assert "time" in text and "not a Slurm time" in text
@@ -76,7 +84,7 @@ def test_a_typo_in_a_profile_is_an_error_with_file_and_line(tmp_path):
 @pytest.mark.parametrize("value,seconds", [("10", 600), ("1:30", 90), ("01:00:00", 3600), ("1-00", 86400),
                                            ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5)])
 def test_slurm_time_formats(value, seconds):
-    assert slurm.slurm_time_seconds(value) == seconds
+    assert envport_slurm.slurm_time_seconds(value) == seconds
 
 
 def test_dry_run_prints_a_script_bash_accepts_with_every_value_quoted(shell_project, tmp_path):  # noqa: F811
@@ -137,6 +145,8 @@ def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir
     log = Path(out["log"]).read_text()
     assert "master " in log and "ENVPORT-WITNESS" in log
     assert not (Path(out["job_dir"]) / "witnesses").exists(), "the job removes its copy of the witnesses"
+    # Without a database, the job-completion file still has it (what envport reads once scontrol forgets).
+    assert envport_slurm.sacct_job(out["job_id"]) == {"JobState": "COMPLETED", "ExitCode": "0:0"}
     ledger = json.loads((root / "images" / ENV_NAME / "ledger.json").read_text())["records"]
     rec = next(r for r in reversed(ledger) if r["kind"] == "witness" and r.get("slurm"))
     assert rec["verdict"] == "OK" and rec["slurm"]["job_id"] == out["job_id"]
