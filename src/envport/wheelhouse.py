@@ -27,10 +27,17 @@ def _phases(loaded: Loaded) -> list[PipStep]:
     return [s for s in make_plan(loaded).steps if isinstance(s, PipStep)]
 
 
-def manifest_for(loaded: Loaded) -> dict:
-    phases = [list(s.pip_args()) for s in _phases(loaded)]
-    key = hashlib.sha256(json.dumps([loaded.spec.python, phases]).encode()).hexdigest()
-    return {"env": loaded.spec.name, "python": loaded.spec.python, "phases": phases, "key": key}
+def phase_key(python: str, step: PipStep) -> str:
+    """What a phase's downloads depend on: the interpreter and the phase's pip arguments."""
+    return hashlib.sha256(json.dumps([python, list(step.pip_args())]).encode()).hexdigest()[:16]
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data.get("phases"), dict) else {"phases": {}}
+    except (OSError, ValueError):
+        return {"phases": {}}
 
 
 def download_args(step: PipStep, dest: Path, python: str, site_pip_args: list[str]) -> list[str]:
@@ -54,28 +61,34 @@ def download_args(step: PipStep, dest: Path, python: str, site_pip_args: list[st
 
 
 def ensure_wheelhouse(loaded: Loaded, site, root: Path, progress: Progress, refresh: bool = False) -> StepResult:
+    """Download the phases the wheelhouse does not hold yet.
+
+    Phases are recorded one by one, so editing the last phase downloads only
+    that phase again (torch stays), and a crash mid-way keeps what finished.
+    """
     dest = site.wheelhouse_path(root, loaded.spec.name)
-    manifest = manifest_for(loaded)
     mpath = dest / MANIFEST
     start = time.monotonic()
-    if not refresh and mpath.is_file():
-        try:
-            if json.loads(mpath.read_text())["key"] == manifest["key"]:
-                n = len([p for p in dest.iterdir() if p.name != MANIFEST])
-                return StepResult("wheelhouse", Verdict.PRESENT, f"{dest} ({n} files)")
-        except (ValueError, KeyError):
-            pass
-    dest.mkdir(parents=True, exist_ok=True)
-    mpath.unlink(missing_ok=True)
-    site_args = site.pip_source_args()
+    manifest = {"phases": {}} if refresh else _read_manifest(mpath)
     steps = _phases(loaded)
-    for step in steps:
+    todo = [s for s in steps if phase_key(loaded.spec.python, s) not in manifest["phases"]]
+    if not todo:
+        n = len([p for p in dest.iterdir() if p.name != MANIFEST])
+        return StepResult("wheelhouse", Verdict.PRESENT, f"{dest} ({n} files)")
+    dest.mkdir(parents=True, exist_ok=True)
+    site_args = site.pip_source_args()
+    for step in todo:
         progress(f"envport: [wheelhouse] phase {step.index}/{len(steps)}: {' '.join(step.packages)}")
         proc = subprocess.run(download_args(step, dest, loaded.spec.python, site_args),
                               capture_output=True, text=True)
         if proc.returncode != 0:
             return StepResult("wheelhouse", Verdict.FAILED, f"pip download failed for phase {step.index}",
                               lines=tail(proc.stdout + proc.stderr), seconds=time.monotonic() - start)
-    mpath.write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest["phases"][phase_key(loaded.spec.python, step)] = {"phase": step.index, "args": step.pip_args()}
+        manifest.update(env=loaded.spec.name, python=loaded.spec.python)
+        tmp = mpath.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp.replace(mpath)
     n = len([p for p in dest.iterdir() if p.name != MANIFEST])
-    return StepResult("wheelhouse", Verdict.OK, f"{dest} ({n} files)", seconds=time.monotonic() - start)
+    return StepResult("wheelhouse", Verdict.OK, f"{dest} ({n} files, {len(todo)} phase(s) downloaded)",
+                      seconds=time.monotonic() - start)
