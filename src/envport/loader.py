@@ -239,8 +239,15 @@ def _load_raw_chain(path: Path, specs_dir: Path, seen: tuple[Path, ...] = ()) ->
                                  f"parent spec {parent_name!r} not found at {parent_path}",
                                  f"create {SPECS_DIR}/{parent_name}.yaml or fix the name")])
     parent_data, parents = _load_raw_chain(parent_path, specs_dir, chain)
-    # A parent must be a valid spec on its own, so its errors name its own file.
-    _validate(parents[0], parent_data, str(parent_path))
+    # A parent must be a valid spec on its own, so its errors (shim files included,
+    # which the child would otherwise report without a line) name its own file.
+    file_problems = _file_problems(parent_data, parents[0], specs_dir, str(parent_path))
+    try:
+        _validate(parents[0], parent_data, str(parent_path))
+    except SpecError as exc:
+        raise SpecError(exc.problems + file_problems) from None
+    if file_problems:
+        raise SpecError(file_problems)
     return merge(parent_data, raw.data), [raw] + parents
 
 
