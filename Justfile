@@ -59,3 +59,21 @@ ci:
 # Just the tests (services must already be up: `bash .ci/services/all.sh`).
 test *args:
     python3 -m pytest "$@"
+
+# Witnesses as a Slurm job: `just slurm demo-cpu --cluster local --target venv [--check collectives] [--dry-run]`
+slurm name *args:
+    envport slurm submit "$@"
+
+# Build on every target this host can run (docker, venv, venv over SSH) and diff them.
+parity name *args:
+    envport parity "$@"
+
+# A venv on the SSH site host `test`: build, verify (testinfra ssh://), witnesses.
+ssh-build name *args:
+    envport build "$@" --target venv --host test
+
+ssh-verify name *args:
+    envport verify "$@" --target venv --host test
+
+ssh-witness name *args:
+    envport witness "$@" --target venv --host test

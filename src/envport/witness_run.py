@@ -21,7 +21,7 @@ from .spec import Spec
 from .verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from .witnesses.envport_sentinel import FAULT_ENV, PREFIX
 
-CHECKS = ("python", "imports", "cli", "kernel", "collectives", "dtensor")
+from .witness_checks import CHECKS  # noqa: E402,F401  (re-exported)
 # Start-up allowance on top of a script's own deadline: container start and
 # `import torch` (3-6 s per rank on 2 cores) happen before the script's clock.
 LAUNCH_MARGIN_S = 45.0

@@ -6,11 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import EnvportError, SpecError
-from ..loader import Loaded, all_spec_names, find_root, load_spec
+from ..errors import EnvportError
+
+# The loader (pydantic) is imported inside the functions: `envport --help` and
+# the fast `present` path of `envport build` must not pay for it.
 
 
 def project_root(args: argparse.Namespace) -> Path:
+    from ..loader import find_root
     return Path(args.root).resolve() if getattr(args, "root", None) else find_root()
 
 
@@ -21,8 +24,10 @@ def add_spec_args(parser: argparse.ArgumentParser, allow_all: bool = True) -> No
         parser.add_argument("--all", action="store_true", help="every spec in specs/")
 
 
-def load_selected(args: argparse.Namespace) -> list[Loaded]:
+def load_selected(args: argparse.Namespace) -> list:
     """Load every selected spec; report every problem of every file, then exit 2."""
+    from ..errors import SpecError
+    from ..loader import all_spec_names, load_spec
     root = project_root(args)
     refs = list(args.specs)
     if getattr(args, "all", False):
@@ -43,6 +48,7 @@ def load_selected(args: argparse.Namespace) -> list[Loaded]:
     return loaded
 
 
-def load_one(args: argparse.Namespace, ref: str) -> Loaded:
+def load_one(args: argparse.Namespace, ref: str):
+    from ..loader import load_spec
     root = project_root(args) if not ref.endswith((".yaml", ".yml")) else None
     return load_spec(ref, root)

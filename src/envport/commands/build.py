@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from ..hashing import content_hash
-from ..ledger import append
-from ..progress import stderr_progress
-from ..site import load_site
-from ..verdict import report
 from ._common import load_one, project_root
 
 BUILD_TARGETS = ("docker", "apptainer", "venv", "conda")
@@ -30,7 +25,34 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _fast_present(args) -> int | None:
+    """Docker `present` without loading the spec (see envport.present_cache)."""
+    from pathlib import Path
+
+    from ..present_cache import present
+    if args.target != "docker" or args.rebuild or args.no_cache or args.json or args.spec.endswith((".yaml", ".yml")):
+        return None
+    root = Path(args.root).resolve() if args.root else Path.cwd()
+    if not (root / "specs" / f"{args.spec}.yaml").is_file():
+        return None  # not at the project root: the full path finds it
+    hit = present(root, args.spec, args.site)
+    if hit is None:
+        return None
+    print(f"present  image {hit['tag']}: {hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB) (0.0s)")
+    print(f"present {args.spec}@{hit['hash'][:12]} --target docker")
+    return 0
+
+
 def run(args) -> int:
+    fast = _fast_present(args)
+    if fast is not None:
+        return fast
+    from ..hashing import content_hash
+    from ..ledger import append
+    from ..progress import stderr_progress
+    from ..site import load_site
+    from ..verdict import Verdict, report
+
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
@@ -39,6 +61,9 @@ def run(args) -> int:
         results = docker.build(loaded, site, root, rebuild=args.rebuild, no_cache=args.no_cache,
                                progress=stderr_progress)
         hash_ = content_hash(loaded, site)
+        if results[-1].verdict in (Verdict.OK, Verdict.PRESENT):
+            from ..present_cache import remember
+            remember(root, loaded.spec.name, args.site, hash_, docker.image_tag(loaded.spec.name, hash_))
     elif args.target == "apptainer":
         from ..builders import apptainer
         results = apptainer.build(loaded, site, root, rebuild=args.rebuild, progress=stderr_progress)

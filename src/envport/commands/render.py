@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from envport.renderers import TARGETS
-
-from ..render import drift, render_spec, write
 from ._common import add_spec_args, load_selected, project_root
+
+# Kept in step with envport.renderers.TARGETS (tests/test_cli.py checks); the
+# renderers import Jinja2, which `--help` should not pay for.
+TARGETS = ("docker", "apptainer", "shell")
 
 
 def register(sub) -> None:
@@ -24,6 +25,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..render import drift, render_spec, write
     root = project_root(args)
     targets = tuple(args.target) if args.target else TARGETS
     full = set(targets) == set(TARGETS)

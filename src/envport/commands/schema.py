@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from ..schema import SCHEMA_PATH, schema_text
 from ._common import project_root
 
 
@@ -18,6 +17,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..schema import SCHEMA_PATH, schema_text
     text = schema_text()
     if args.stdout:
         sys.stdout.write(text)

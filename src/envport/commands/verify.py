@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..progress import stderr_progress
-from ..site import load_site
-from ..verdict import report
 from ._common import load_one, project_root
 
 VERIFY_TARGETS = ("docker", "venv")
@@ -35,6 +32,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..progress import stderr_progress
+    from ..site import load_site
+    from ..verdict import report
+
     from ..verify.docker import verify
 
     root = project_root(args)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from ..progress import stderr_progress
-from ..site import load_site
-from ..verdict import report
-from ..wheelhouse import ensure_wheelhouse
 from ._common import load_one, project_root
 
 
@@ -23,6 +19,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..progress import stderr_progress
+    from ..site import load_site
+    from ..verdict import report
+    from ..wheelhouse import ensure_wheelhouse
+
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)

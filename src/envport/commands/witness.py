@@ -14,7 +14,7 @@ TARGETS = ("docker", "venv")
 
 
 def register(sub) -> None:
-    from ..witness_run import CHECKS
+    from ..witness_checks import CHECKS
 
     p = sub.add_parser(
         "witness", help="run the spec's witnesses inside a built env (python, imports, CLI, kernel, "
