@@ -16,8 +16,8 @@ pytest_plugins = ["tests.services"]
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A throwaway copy of the project's specs/ and images/, so tests never touch the checkout."""
-    for d in ("specs", "images", "docs"):
+    """A throwaway copy of the project (specs, images, docs, sites, slurm), so tests never touch the checkout."""
+    for d in ("specs", "images", "docs", "sites", "slurm"):
         if (REPO / d).is_dir():
             shutil.copytree(REPO / d, tmp_path / d)
     return tmp_path
