@@ -66,11 +66,11 @@ class DockerLauncher(Launcher):
     def preflight(self) -> Optional[StepResult]:
         if shutil.which(self.docker) is None:
             return StepResult("launcher", Verdict.REFUSED, f"no {self.docker} client on PATH",
-                              reason="docker_missing", lines=["fix: install docker (Debian: docker.io)"])
+                              reason="docker_unreachable", lines=["fix: install docker (Debian: docker.io)"])
         problem = engine_problem(self.docker)
         if problem:
             return StepResult("launcher", Verdict.REFUSED, f"the docker engine does not answer: {problem}",
-                              reason="docker_unavailable", lines=["fix: start dockerd, or check DOCKER_HOST"])
+                              reason="docker_unreachable", lines=["fix: start dockerd, or check DOCKER_HOST"])
         if not image_exists(self.image, self.docker):
             return StepResult("launcher", Verdict.REFUSED, f"image {self.image} is not on this engine",
                               reason="image_missing",
