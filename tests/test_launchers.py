@@ -110,7 +110,7 @@ def test_docker_gpus_and_shm_options():
 
 def test_docker_preflight_refuses_without_a_client():
     problem = DockerLauncher("img", docker="/nonexistent/docker").preflight()
-    assert problem.verdict is Verdict.REFUSED and problem.reason == "docker_missing"
+    assert problem.verdict is Verdict.REFUSED and problem.reason == "docker_unreachable"
 
 
 # --- docker: a real engine --------------------------------------------------------
