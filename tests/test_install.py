@@ -1,0 +1,110 @@
+"""`pip install .` (not editable) into a clean venv works outside the checkout.
+
+The design card keeps renderers/ at the top level and maps it into the package
+(`envport.renderers`) with the build backend; a subpackage or template missing
+from pyproject.toml works in the editable checkout and breaks only here.
+
+The tracked files (`git ls-files`, as they are in the working tree) are copied
+to a temporary directory first, so the build's artefacts (build/, *.egg-info)
+never touch the checkout.  The venv is made without system site-packages, so
+nothing of the checkout's editable install can leak in; pip resolves the
+dependencies from whatever index this machine is configured with.  Then the
+venv's own `envport` renders a copy of specs/ in another temporary directory
+and every file must be byte-identical to the committed images/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+from envport.loader import all_spec_names, load_spec
+from envport.render import KEPT_FILES, render_spec
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in KEPT_FILES}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout (git ls-files picks what is installed)")
+    base = tmp_path_factory.mktemp("install")
+    src = base / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        path = REPO / rel
+        if path.is_file():  # a tracked file deleted in the working tree is not installed
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, src / rel)
+    build_existed = (REPO / "build").exists()
+    env_dir = base / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    bindir = env_dir / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(bindir / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                           "--no-input", str(src)], cwd=base, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"pip install . failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    # The build's leftovers stay in the copy, never in the checkout.
+    assert (src / "build").exists() or not (REPO / "build").exists() or build_existed
+    assert build_existed or not (REPO / "build").exists()
+    project = base / "project"
+    shutil.copytree(REPO / "specs", project / "specs")
+    return {"bin": bindir, "env": env, "project": project, "base": base}
+
+
+def test_installed_package_is_the_copy_not_the_checkout(installed):
+    code = ("import envport, envport.renderers, envport.cli; "
+            "print(envport.__file__); print(envport.renderers.__file__); print(envport.renderers.TEMPLATES)")
+    proc = subprocess.run([str(installed["bin"] / "python"), "-c", code], cwd=installed["base"],
+                          env=installed["env"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    site = str(installed["base"] / "venv")
+    for line in proc.stdout.split():
+        assert line.startswith(site), f"{line} is not inside the venv {site}"
+    templates = Path(proc.stdout.split()[2])
+    assert {"Dockerfile.j2", "apptainer.def.j2", "setup.sh.j2"} <= {p.name for p in templates.glob("*.j2")}
+
+
+@pytest.fixture(scope="module")
+def rendered(installed) -> dict[str, bytes]:
+    """`envport render --all` by the installed CLI, in a copy of specs/: {path under images/: bytes}."""
+    proc = subprocess.run([str(installed["bin"] / "envport"), "render", "--all"], cwd=installed["project"],
+                          env=installed["env"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = files_under(installed["project"] / "images")
+    assert out
+    return out
+
+
+def test_installed_cli_renders_what_the_checkout_renders(rendered):
+    names = all_spec_names(REPO)
+    assert {rel.split("/")[0] for rel in rendered} == set(names)
+    for name in names:
+        for rel, (data, _) in render_spec(load_spec(name, REPO)).files.items():
+            assert rendered.get(f"{name}/{rel}") == data, f"{name}/{rel} differs from the checkout's rendering"
+
+
+def test_installed_rendering_is_byte_identical_to_committed_images(rendered):
+    committed = files_under(REPO / "images")
+    stale = sorted(rel for rel in rendered.keys() | committed.keys() if rendered.get(rel) != committed.get(rel))
+    assert not stale, (f"{len(stale)} file(s) under images/ differ from a fresh rendering by the installed "
+                       f"package (images/ is stale: run `envport render --all`): {stale}")
+
+
+def test_installed_render_check_passes_on_its_own_output(installed, rendered):
+    proc = subprocess.run([str(installed["bin"] / "envport"), "render", "--all", "--check"],
+                          cwd=installed["project"], env=installed["env"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
