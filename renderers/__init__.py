@@ -7,15 +7,31 @@ what gets built: it feeds the content hash, so every env is rebuilt.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import shlex
 from pathlib import Path
 
 import jinja2
 
-RENDERER_VERSION = "1"
 TARGETS = ("docker", "apptainer", "shell")
 TEMPLATES = Path(__file__).parent
+
+
+def _renderer_version() -> str:
+    """The renderer generation plus a digest of every template and renderer module.
+
+    It feeds the content hash, so a template change that alters what gets built
+    can never keep an old env's name by someone forgetting to bump a number.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(TEMPLATES.iterdir()):
+        if path.suffix in (".j2", ".py"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"1+{digest.hexdigest()[:12]}"
+
+
+RENDERER_VERSION = _renderer_version()
 
 
 def docker_quote(value: str) -> str:
