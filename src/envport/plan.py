@@ -78,15 +78,20 @@ class PipStep:
     def pip_args(self) -> list[str]:
         """Arguments after `pip install`, identical on every target."""
         args = list(self.site_args)
-        if self.uses_wheelhouse:
-            return args + self._flags() + list(self.packages)
+        if not self.uses_wheelhouse:
+            args += self.source_args()
+        return args + self._flags() + list(self.packages)
+
+    def source_args(self) -> list[str]:
+        """Where the spec says this phase's distributions come from."""
+        args = []
         if self.index_url:
             args += ["--index-url", self.index_url]
         for url in self.extra_index_urls:
             args += ["--extra-index-url", url]
         for link in self.find_links:
             args += ["--find-links", link]
-        return args + self._flags() + list(self.packages)
+        return args
 
     def _flags(self) -> list[str]:
         args = []

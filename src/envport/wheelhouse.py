@@ -46,13 +46,7 @@ def download_args(step: PipStep, dest: Path, python: str, site_pip_args: list[st
     if python != host:
         # Another interpreter's wheels: binary only, pip cannot build for it.
         args += ["--python-version", python, "--only-binary=:all:"]
-    if step.index_url:
-        args += ["--index-url", step.index_url]
-    for url in step.extra_index_urls:
-        args += ["--extra-index-url", url]
-    for link in step.find_links:
-        args += ["--find-links", link]
-    args += site_pip_args
+    args += step.source_args() + site_pip_args
     if step.no_deps:
         args.append("--no-deps")
     if step.pre:

@@ -32,9 +32,10 @@ from typing import Callable, Optional
 from ..ledger import append
 from ..loader import Loaded
 from ..verdict import StepResult, Verdict
-from .checks import CheckFailed, Facts, spec_checks
-from .docker import USER_TESTS, _summary, default_junit
+from .checks import CheckFailed, Facts, parse_env0, spec_checks
+from .docker import USER_TESTS, default_junit
 from .plugin import VerifyPlugin
+from .report import ledger_checks, outcome, progress_line, shown_path
 
 Progress = Callable[[str], None]
 TARGET = "venv"
@@ -49,12 +50,7 @@ class EnvFacts(Facts):
         out = self._run(f"bash -c '. \"$1/.envport/env.sh\" && env -0' envport-verify {p}")
         if out.rc != 0:
             raise CheckFailed(f"sourcing {self.venv}/.envport/env.sh failed: {out.stderr.strip()[-300:]}")
-        pairs = {}
-        for item in out.stdout_bytes.split(b"\0"):
-            if b"=" in item:
-                k, _, v = item.partition(b"=")
-                pairs[k] = v
-        return pairs
+        return parse_env0(out.stdout_bytes)
 
 
 def rebase(checks, root: str):
@@ -152,10 +148,7 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
     junit = Path(junit) if junit else default_junit(root, spec.name)
     junit.parent.mkdir(parents=True, exist_ok=True)
 
-    def say(rec: dict) -> None:
-        mark = {"passed": "PASS", "skipped": "SKIP"}.get(rec["outcome"], "FAIL")
-        extra = f": {rec['message']}" if rec["message"] and mark != "PASS" else ""
-        progress(f"envport: [verify] {mark} {rec['id']}{extra}")
+    say = progress_line(progress)
 
     plugin = VerifyPlugin(spec=spec, spec_path=loaded.path, checks=checks, make_facts=make_facts, on_result=say)
     out = io.StringIO()
@@ -169,29 +162,14 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
         finally:
             if host and os.path.exists(control["controlpath"]):
                 _close_master(launcher.host, control["controlpath"])
-    if code == pytest.ExitCode.INTERRUPTED:
-        raise KeyboardInterrupt()
     seconds = time.monotonic() - start
     results = plugin.results
-    bad = [r for r in results if r["outcome"] not in ("passed", "skipped")]
-    summary = _summary(results)
-    if code in (pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR) or (not results and code != 0):
-        verdict, lines = Verdict.FAILED, out.getvalue().rstrip().splitlines()[-30:]
-        summary = f"pytest could not run the checks (exit {int(code)})"
-    elif bad or code != 0:
-        verdict = Verdict.FAILED
-        lines = [f"{r['id']}: {r['message']}" for r in bad] or out.getvalue().rstrip().splitlines()[-30:]
-    else:
-        verdict, lines = Verdict.OK, []
-    try:
-        junit_shown = str(junit.relative_to(root))
-    except ValueError:
-        junit_shown = str(junit)
+    verdict, lines, summary = outcome(code, results, out.getvalue())
+    junit_shown = shown_path(junit, root)
     data = {"prefix": env_prefix, "junit": junit_shown, "checks": results, **({"ssh_host": host} if host else {})}
     append(root, spec.name, {
         "kind": "verify", "target": flavour, "hash": hash_, "verdict": verdict.value, "summary": summary,
-        "checks": [{"id": r["id"], "outcome": r["outcome"], **({"message": r["message"]} if r["message"] else {})}
-                   for r in results],
+        "checks": ledger_checks(results),
         "seconds": round(seconds, 3), "prefix": env_prefix, **({"ssh_host": host} if host else {}),
     })
     return StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines, seconds=seconds, data=data)

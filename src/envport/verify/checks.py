@@ -111,12 +111,7 @@ class Facts:
         out = self._run("env -0")
         if out.rc != 0:
             raise CheckFailed(f"`env -0` failed in the env: {out.stderr.strip()}")
-        pairs = {}
-        for item in out.stdout_bytes.split(b"\0"):
-            if b"=" in item:
-                k, _, v = item.partition(b"=")
-                pairs[k] = v
-        return pairs
+        return parse_env0(out.stdout_bytes)
 
     @cached_property
     def dpkg(self) -> dict[str, tuple[str, str]]:
@@ -137,6 +132,16 @@ class Facts:
         if out.rc != 0:
             raise CheckFailed(f"{self.venv}/bin/python does not run: {(out.stderr or out.stdout).strip()[-300:]}")
         return out.stdout.strip()
+
+
+def parse_env0(data: bytes) -> dict[bytes, bytes]:
+    """`env -0` output as {name: value}, bytes kept exactly (values may hold newlines)."""
+    pairs = {}
+    for item in data.split(b"\0"):
+        if b"=" in item:
+            k, _, v = item.partition(b"=")
+            pairs[k] = v
+    return pairs
 
 
 def judge(check: Check, facts: Facts) -> str:

@@ -28,6 +28,7 @@ from ..site import Site
 from ..verdict import StepResult, Verdict
 from .checks import Facts, spec_checks
 from .plugin import VerifyPlugin
+from .report import ledger_checks, outcome, progress_line, shown_path
 
 TARGET = "docker"
 USER_TESTS = Path("tests") / "images"
@@ -78,14 +79,6 @@ def _pytest_args(root: Path, spec_path: Path, container: str, junit: Path, workd
     return args
 
 
-def _summary(results: list[dict]) -> str:
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    order = ("failed", "error", "passed", "skipped")
-    return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "no checks ran"
-
-
 def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = None, junit: Optional[Path] = None,
            progress: Progress) -> StepResult:
     """Run every check of the spec (and tests/images/) against the image; one StepResult."""
@@ -113,10 +106,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
     junit.parent.mkdir(parents=True, exist_ok=True)
     name = f"envport-verify-{spec.name}-{secrets.token_hex(4)}"
 
-    def say(rec: dict) -> None:
-        mark = {"passed": "PASS", "skipped": "SKIP"}.get(rec["outcome"], "FAIL")
-        extra = f": {rec['message']}" if rec["message"] and mark != "PASS" else ""
-        progress(f"envport: [verify] {mark} {rec['id']}{extra}")
+    say = progress_line(progress)
 
     def make_facts() -> Facts:
         import testinfra
@@ -140,34 +130,17 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
             if container is not None:
                 with contextlib.suppress(docker.errors.APIError):
                     container.remove(force=True)
-    if code == pytest.ExitCode.INTERRUPTED:
-        raise KeyboardInterrupt()
     seconds = time.monotonic() - start
     results = plugin.results
-    bad = [r for r in results if r["outcome"] not in ("passed", "skipped")]
-    summary = _summary(results)
-    if code in (pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR) or (not results and code != 0):
-        verdict, lines = Verdict.FAILED, out.getvalue().rstrip().splitlines()[-30:]
-        summary = f"pytest could not run the checks (exit {int(code)})"
-    elif bad or code != 0:
-        verdict = Verdict.FAILED
-        lines = [f"{r['id']}: {r['message']}" for r in bad]
-        if not bad:
-            lines = out.getvalue().rstrip().splitlines()[-30:]
-    else:
-        verdict, lines = Verdict.OK, []
+    verdict, lines, summary = outcome(code, results, out.getvalue())
     size = img.attrs.get("Size", 0)
-    try:
-        junit_shown = str(junit.relative_to(root))
-    except ValueError:
-        junit_shown = str(junit)
+    junit_shown = shown_path(junit, root)
     data = {"image": ref, "image_id": img.id, "size": size, "junit": junit_shown,
             "image_hash": (img.labels or {}).get("envport.hash"), "checks": results}
     result = StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines, seconds=seconds, data=data)
     append(root, spec.name, {
         "kind": "verify", "target": TARGET, "hash": hash_, "verdict": verdict.value, "summary": summary,
-        "checks": [{"id": r["id"], "outcome": r["outcome"], **({"message": r["message"]} if r["message"] else {})}
-                   for r in results],
+        "checks": ledger_checks(results),
         "seconds": round(seconds, 3), "image": ref, "image_id": img.id, "size": size,
         "image_hash": data["image_hash"],
     })
