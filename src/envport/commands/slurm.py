@@ -69,21 +69,17 @@ def run_clusters(args) -> int:
 
 def run_submit(args) -> int:
     from .. import slurm
-    from ..errors import EnvportError
     from ..hashing import content_hash
     from ..progress import stderr_progress
     from ..site import load_site
     from ..verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, exit_code, report
-    from ..witness_run import CHECKS, WitnessOptions, plan, requires_gpu, summary
+    from ..witness_checks import check_world_size, parse_checks
+    from ..witness_run import WitnessOptions, plan, requires_gpu, summary
     from ..witnesses.envport_sentinel import FAULT_ENV
     from ._common import load_one, project_root
 
-    only = [c.strip() for item in args.check for c in item.split(",") if c.strip()]
-    bad = [c for c in only if c not in CHECKS]
-    if bad:
-        raise EnvportError(f"--check {', '.join(bad)}: unknown check; choose from {', '.join(CHECKS)}")
-    if args.world_size is not None and args.world_size < 1:
-        raise EnvportError("--world-size must be >= 1")
+    only = parse_checks(args.check, "--check")
+    check_world_size(args.world_size)
     loaded = load_one(args, args.name)
     root = loaded.root
     spec = loaded.spec

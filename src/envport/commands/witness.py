@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--host", default=None,
                    help="venv: run in the env on this SSH host (site alias or destination; the scripts travel "
                    "over ssh and are removed after)")
-    p.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12>)")
+    p.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12> as --site builds it)")
+    p.add_argument("--site", default=None, help="site profile (default: local): names the docker image and SSH hosts")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: GPUs where the spec asks for them, else what the env has; cuda: require one")
     p.add_argument("--deadline", type=float, default=300.0,
@@ -55,18 +56,14 @@ def _table_row(r: StepResult) -> str:
 
 
 def run(args) -> int:
-    from ..errors import EnvportError
     from ..launchers import DockerLauncher, LocalLauncher
-    from ..witness_run import CHECKS, WitnessOptions, host_gpu_count, requires_gpu, run_witnesses, summary
+    from ..witness_checks import check_world_size, parse_checks
+    from ..witness_run import WitnessOptions, host_gpu_count, requires_gpu, run_witnesses, summary
     from ..witnesses.envport_sentinel import FAULT_ENV
     from ._common import load_one
 
-    only = [c.strip() for item in args.only for c in item.split(",") if c.strip()]
-    bad = [c for c in only if c not in CHECKS]
-    if bad:
-        raise EnvportError(f"--only {', '.join(bad)}: unknown check; choose from {', '.join(CHECKS)}")
-    if args.world_size is not None and args.world_size < 1:
-        raise EnvportError("--world-size must be >= 1")
+    only = parse_checks(args.only, "--only")
+    check_world_size(args.world_size)
     loaded = load_one(args, args.name)
     spec = loaded.spec
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
@@ -76,7 +73,7 @@ def run(args) -> int:
         from ..launchers.ssh import launcher_for_host
         from ..site import load_site
 
-        launcher = launcher_for_host(load_site(None, loaded.root), args.host, spec.name, prefix=args.python and
+        launcher = launcher_for_host(load_site(args.site, loaded.root), args.host, spec.name, prefix=args.python and
                                      str(Path(args.python).parent.parent))
         ledger_facts["ssh_host"] = args.host
     elif args.target == "venv":
@@ -91,7 +88,11 @@ def run(args) -> int:
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
         ledger_facts["prefix"] = str(python.parent.parent)
     else:
-        image = args.image or f"envport/{spec.name}:{loaded.hash12}"
+        from ..hashing import content_hash
+        from ..site import load_site
+
+        # Images are named by the hash as the site builds them (CA bundle, wheelhouse...).
+        image = args.image or f"envport/{spec.name}:{content_hash(loaded, load_site(args.site, loaded.root))[:12]}"
         gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
         launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
                                   missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG")
