@@ -30,7 +30,7 @@ def _fast_present(args) -> int | None:
     from pathlib import Path
 
     from ..present_cache import present
-    if args.target != "docker" or args.rebuild or args.no_cache or args.json or args.spec.endswith((".yaml", ".yml")):
+    if args.target != "docker" or args.rebuild or args.no_cache or args.spec.endswith((".yaml", ".yml")):
         return None
     root = Path(args.root).resolve() if args.root else Path.cwd()
     if not (root / "specs" / f"{args.spec}.yaml").is_file():
@@ -38,9 +38,14 @@ def _fast_present(args) -> int | None:
     hit = present(root, args.spec, args.site)
     if hit is None:
         return None
-    print(f"present  image {hit['tag']}: {hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB) (0.0s)")
-    print(f"present {args.spec}@{hit['hash'][:12]} --target docker")
-    return 0
+    from ..verdict import StepResult, Verdict, report
+
+    result = StepResult(f"image {hit['tag']}", Verdict.PRESENT, f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)",
+                        data={"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]})
+    code = report([result], args.json)
+    if not args.json:
+        print(f"present {args.spec}@{hit['hash'][:12]} --target docker")
+    return code
 
 
 def run(args) -> int:
