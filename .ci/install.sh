@@ -21,7 +21,8 @@ if ((${#missing[@]})); then
     echo "install: apt packages missing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get -o DPkg::Lock::Timeout="$lock_wait_s" update
-    apt-get -o DPkg::Lock::Timeout="$lock_wait_s" install -y --no-install-recommends "${missing[@]}"
+    # With recommends: the set these scripts were measured with (docker.io, slurm-wlm).
+    apt-get -o DPkg::Lock::Timeout="$lock_wait_s" install -y "${missing[@]}"
 else
     echo "install: apt packages present: ${packages[*]}"
 fi
