@@ -1,6 +1,6 @@
 """Session fixtures that hand tests the REAL services this machine can run.
 
-Registered from tests/conftest.py with ``pytest_plugins = ["tests.services"]``.
+Registered from tests/conftest.py (``pytest_plugins``, with tests/fixtures.py).
 
 Each fixture checks that its service answers. When it does not, the fixture
 skips with the reason (never a silent pass); with ``ENVPORT_START_SERVICES=1``
@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SERVICES_DIR = REPO_ROOT / ".ci" / "services"
+from .support import REPO
+
+SERVICES_DIR = REPO / ".ci" / "services"
 BASE_IMAGE_TAG = os.environ.get("ENVPORT_BASE_IMAGE", "envport/debian-bookworm:base")
 SSH_DIR = Path(os.environ.get("ENVPORT_SSH_DIR", "/var/lib/envport-ssh"))
 SSH_ALIAS = "envport-test"

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .support import REPO
 
 CASES_DIR = REPO / "tests" / "bad_specs"
 PARENTS_DIR = CASES_DIR / "files" / "parents"

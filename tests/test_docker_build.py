@@ -1,6 +1,6 @@
 """`envport build --target docker` against the real engine (tests/services.py fixtures).
 
-demo-cpu is built for real once per session (tests/docker_fixtures.py); the
+demo-cpu is built for real once per session (tests/fixtures.py `demo_image`); the
 faults use tiny specs (six only, no torch) so each builds in seconds.
 """
 
@@ -18,9 +18,7 @@ import pytest
 from envport.builders import docker as docker_builder
 from envport.builders.docker_log import BuildkitLog, instruction_steps
 
-from .docker_helpers import as_json, run_envport, tags_of, unique, write_site, write_spec
-
-pytest_plugins = ["tests.services", "tests.docker_fixtures"]
+from .support import as_json, run_envport, tags_of, unique, write_site, write_spec
 
 pytestmark = pytest.mark.docker
 
@@ -29,18 +27,18 @@ pytestmark = pytest.mark.docker
 
 
 def test_demo_cpu_builds_from_the_wheelhouse(demo_image, docker_client):
-    steps = {s["step"].split()[0]: s for s in demo_image["result"]["steps"]}
+    steps = {s["step"].split()[0]: s for s in demo_image.result["steps"]}
     assert steps["base"]["verdict"] == "present"
     assert steps["wheelhouse"]["verdict"] in ("OK", "present")
-    build = demo_image["result"]["steps"][-1]
+    build = demo_image.result["steps"][-1]
     # --rebuild ran the engine's build: every layer step was built, or reused from its layer cache.
     ran = set(build["data"]["built_steps"]) | set(build["data"]["cached_steps"])
     assert {"python", "pip-1", "pip-2", "files", "weights"} <= ran, build
     # Progress names the plan's steps, pip phases included.
-    assert "envport: [docker] step" in demo_image["stderr"]
-    assert "pip-1: pip phase 1: torch==2.13.0" in demo_image["stderr"]
-    image = docker_client.images.get(demo_image["tag"])
-    name, hash12 = demo_image["tag"].split(":")
+    assert "envport: [docker] step" in demo_image.stderr
+    assert "pip-1: pip phase 1: torch==2.13.0" in demo_image.stderr
+    image = docker_client.images.get(demo_image.tag)
+    name, hash12 = demo_image.tag.split(":")
     assert f"{name}:latest" in image.tags
     labels = image.labels
     assert labels["envport.hash"].startswith(hash12)
@@ -51,7 +49,7 @@ def test_demo_cpu_builds_from_the_wheelhouse(demo_image, docker_client):
     wheels = docker_client.containers.run(image.id, ["sh", "-c", "find / -xdev -name 'torch-*.whl' 2>/dev/null"],
                                           remove=True, network_mode="host")
     assert wheels.decode().split() == []
-    ledger = json.loads((demo_image["root"] / "images" / "demo-cpu" / "ledger.json").read_text())
+    ledger = json.loads((demo_image.root / "images" / "demo-cpu" / "ledger.json").read_text())
     build_recs = [r for r in ledger["records"] if r["kind"] == "build" and r["target"] == "docker"]
     assert build_recs[-1]["image_id"] == image.id and build_recs[-1]["verdict"] == "OK"
     assert build_recs[-1]["size"] == image.attrs["Size"]
@@ -59,66 +57,66 @@ def test_demo_cpu_builds_from_the_wheelhouse(demo_image, docker_client):
 
 
 def test_second_build_is_present_without_an_engine_build(demo_image, docker_client):
-    before = docker_client.images.get(demo_image["tag"]).id
-    ledger = demo_image["root"] / "images" / "demo-cpu" / "ledger.json"
+    before = docker_client.images.get(demo_image.tag).id
+    ledger = demo_image.root / "images" / "demo-cpu" / "ledger.json"
     n_records = len(json.loads(ledger.read_text())["records"])
-    proc = run_envport("build", "demo-cpu", "--target", "docker", "--json", root=demo_image["root"])
+    proc = run_envport("build", "demo-cpu", "--target", "docker", "--json", root=demo_image.root)
     out = as_json(proc)
     assert proc.returncode == 0, proc.stderr
     # One step, `present`: no base check, no wheelhouse, no build was started.
     assert [s["verdict"] for s in out["steps"]] == ["present"], out
-    assert out["steps"][0]["step"] == f"image {demo_image['tag']}"
+    assert out["steps"][0]["step"] == f"image {demo_image.tag}"
     assert "building" not in proc.stderr and "[docker] step" not in proc.stderr
-    assert docker_client.images.get(demo_image["tag"]).id == before
+    assert docker_client.images.get(demo_image.tag).id == before
     assert len(json.loads(ledger.read_text())["records"]) == n_records  # a no-op records nothing
-    plain = run_envport("build", "demo-cpu", "--target", "docker", root=demo_image["root"])
+    plain = run_envport("build", "demo-cpu", "--target", "docker", root=demo_image.root)
     assert plain.stdout.startswith("present "), plain.stdout
 
 
 # --- faults --------------------------------------------------------------------
 
 
-def test_daemon_unreachable_is_refused(dproject, tmp_path):
+def test_daemon_unreachable_is_refused(project, tmp_path):
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
-    proc = run_envport("build", "demo-cpu", "--target", "docker", "--json", root=dproject, env=env, timeout=120)
+    proc = run_envport("build", "demo-cpu", "--target", "docker", "--json", root=project, env=env, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][0]
     assert step["verdict"] == "REFUSED" and step["reason"] == "docker_unreachable"
     assert "no-engine.sock" in step["detail"] and "start" in step["detail"] and "DOCKER_HOST" in step["detail"]
 
 
-def test_missing_envport_base_is_refused_with_the_fix(docker_client, dproject):
-    write_spec(dproject, "tiny-nobase", base="envport/debian-bookworm:absent-" + unique("x"))
-    proc = run_envport("build", "tiny-nobase", "--target", "docker", "--json", root=dproject)
+def test_missing_envport_base_is_refused_with_the_fix(docker_client, project):
+    write_spec(project, "tiny-nobase", base="envport/debian-bookworm:absent-" + unique("x"))
+    proc = run_envport("build", "tiny-nobase", "--target", "docker", "--json", root=project)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][-1]
     assert step["verdict"] == "REFUSED" and step["reason"] == "base_image_missing"
     assert "envport base debian-bookworm" in step["detail"]
 
 
-def test_missing_registry_base_names_the_site_rewrite(docker_client, dproject, throwaway_images):
-    write_spec(dproject, "tiny-remote", base="registry.example.org/debian:bookworm-slim")
-    proc = run_envport("build", "tiny-remote", "--target", "docker", "--json", root=dproject)
+def test_missing_registry_base_names_the_site_rewrite(docker_client, project, throwaway_images):
+    write_spec(project, "tiny-remote", base="registry.example.org/debian:bookworm-slim")
+    proc = run_envport("build", "tiny-remote", "--target", "docker", "--json", root=project)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][-1]
     assert step["reason"] == "base_image_missing"
     assert "docker pull registry.example.org/debian:bookworm-slim" in step["detail"]
     assert "base_images" in step["detail"]
     # Following the fix: the site maps the base to a local image, and the build goes through.
-    site = write_site(dproject, "mirror",
+    site = write_site(project, "mirror",
                       base_images={"registry.example.org/debian:bookworm-slim": "envport/debian-bookworm:base"})
     throwaway_images.append("tiny-remote")
-    proc = run_envport("build", "tiny-remote", "--target", "docker", "--site", site, "--json", root=dproject)
+    proc = run_envport("build", "tiny-remote", "--target", "docker", "--site", site, "--json", root=project)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_unreachable_index_fails_with_pips_last_lines(docker_client, base_image, dproject, throwaway_images):
+def test_unreachable_index_fails_with_pips_last_lines(docker_client, base_image, project, throwaway_images):
     name = "tiny-noindex"
     throwaway_images.append(name)
-    write_spec(dproject, name, pip_phases=[{"packages": ["six==1.16.0"], "index_url": "http://127.0.0.1:9/simple"}],
+    write_spec(project, name, pip_phases=[{"packages": ["six==1.16.0"], "index_url": "http://127.0.0.1:9/simple"}],
                env={"TINY_RUN": unique("run")})  # a fresh pip layer: never a cached result
-    site = write_site(dproject, "nowheels", wheelhouse=False)
-    proc = run_envport("build", name, "--target", "docker", "--site", site, "--json", root=dproject)
+    site = write_site(project, "nowheels", wheelhouse=False)
+    proc = run_envport("build", name, "--target", "docker", "--site", site, "--json", root=project)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][-1]
     assert step["verdict"] == "FAILED"
@@ -144,13 +142,13 @@ def _wait_for(proc: subprocess.Popen, needle: str, limit: float) -> list[str]:
     raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
-def test_killed_build_leaves_no_tag_and_a_rerun_completes(docker_client, base_image, dproject, throwaway_images):
+def test_killed_build_leaves_no_tag_and_a_rerun_completes(docker_client, base_image, project, throwaway_images):
     name = "tiny-killed"
     throwaway_images.append(name)
     # A run id in env (before the pip phases) makes every pip layer new to the engine.
-    write_spec(dproject, name, pip_phases=[["six==1.16.0"], ["iniconfig==2.0.0"]], env={"TINY_RUN": unique("run")})
-    argv = [sys.executable, "-m", "envport", "-C", str(dproject), "build", name, "--target", "docker"]
-    proc = subprocess.Popen(argv, cwd=dproject, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    write_spec(project, name, pip_phases=[["six==1.16.0"], ["iniconfig==2.0.0"]], env={"TINY_RUN": unique("run")})
+    argv = [sys.executable, "-m", "envport", "-C", str(project), "build", name, "--target", "docker"]
+    proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         _wait_for(proc, "pip-2: pip phase 2", limit=300)
@@ -162,7 +160,7 @@ def test_killed_build_leaves_no_tag_and_a_rerun_completes(docker_client, base_im
     time.sleep(1)
     assert tags_of(docker_client, name) == [], "a killed build must leave no tag"
 
-    rerun = run_envport("build", name, "--target", "docker", "--json", root=dproject)
+    rerun = run_envport("build", name, "--target", "docker", "--json", root=project)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     build = as_json(rerun)["steps"][-1]
     assert build["verdict"] == "OK"
@@ -170,19 +168,19 @@ def test_killed_build_leaves_no_tag_and_a_rerun_completes(docker_client, base_im
     assert "pip-2" in build["data"]["built_steps"], build
     hash12 = build["data"]["image"].split(":")[1]
     assert tags_of(docker_client, name) == [f"envport/{name}:{hash12}", f"envport/{name}:latest"]
-    leftovers = list((dproject / ".cache" / "docker-build").glob(f"{name}-*"))
+    leftovers = list((project / ".cache" / "docker-build").glob(f"{name}-*"))
     assert leftovers == [], leftovers
 
 
-def test_no_cache_and_rebuild_build_again(docker_client, base_image, dproject, throwaway_images):
+def test_no_cache_and_rebuild_build_again(docker_client, base_image, project, throwaway_images):
     name = "tiny-nocache"
     throwaway_images.append(name)
-    write_spec(dproject, name)
-    run_envport("build", name, "--target", "docker", root=dproject, check=True)
-    again = as_json(run_envport("build", name, "--target", "docker", "--rebuild", "--json", root=dproject))
+    write_spec(project, name)
+    run_envport("build", name, "--target", "docker", root=project, check=True)
+    again = as_json(run_envport("build", name, "--target", "docker", "--rebuild", "--json", root=project))
     assert again["steps"][-1]["verdict"] == "OK" and "pip-1" in again["steps"][-1]["data"]["cached_steps"]
     fresh = as_json(run_envport("build", name, "--target", "docker", "--no-cache", "--rebuild", "--json",
-                                root=dproject))
+                                root=project))
     assert fresh["steps"][-1]["verdict"] == "OK"
     assert "pip-1" in fresh["steps"][-1]["data"]["built_steps"]
     assert "pip-1" not in fresh["steps"][-1]["data"]["cached_steps"]
@@ -191,7 +189,7 @@ def test_no_cache_and_rebuild_build_again(docker_client, base_image, dproject, t
     assert [img.id for img in mine] == [fresh["steps"][-1]["data"]["image_id"]]
 
 
-def test_without_buildkit_the_legacy_builder_or_a_clear_refusal(docker_client, base_image, dproject,
+def test_without_buildkit_the_legacy_builder_or_a_clear_refusal(docker_client, base_image, project,
                                                                 throwaway_images):
     legacy_cli = "/usr/local/bin/docker"
     probe = subprocess.run([legacy_cli, "build", "--help"], capture_output=True, text=True,
@@ -200,16 +198,16 @@ def test_without_buildkit_the_legacy_builder_or_a_clear_refusal(docker_client, b
         pytest.skip(f"no docker client without BuildKit at {legacy_cli} to stand for a legacy-only host")
     name = "tiny-legacy"
     throwaway_images.append(name)
-    write_spec(dproject, name, env={"TINY_RUN": unique("run")})
+    write_spec(project, name, env={"TINY_RUN": unique("run")})
     env = {**os.environ, "ENVPORT_DOCKER_CLI": legacy_cli}
     # The wheelhouse is bind-mounted with RUN --mount: only BuildKit can, so this is refused with the fix.
-    proc = run_envport("build", name, "--target", "docker", "--json", root=dproject, env=env)
+    proc = run_envport("build", name, "--target", "docker", "--json", root=project, env=env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][-1]
     assert step["reason"] == "no_buildkit" and "wheelhouse: false" in step["detail"]
     # Without a wheelhouse the docker SDK's legacy builder builds it (pip reaches the index itself).
-    site = write_site(dproject, "nowheels", wheelhouse=False)
-    proc = run_envport("build", name, "--target", "docker", "--site", site, "--json", root=dproject, env=env)
+    site = write_site(project, "nowheels", wheelhouse=False)
+    proc = run_envport("build", name, "--target", "docker", "--site", site, "--json", root=project, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     build = as_json(proc)["steps"][-1]
     assert "legacy builder" in proc.stderr and "step 5/6 pip-1: pip phase 1: six==1.16.0" in proc.stderr

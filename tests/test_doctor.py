@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from envport.doctor import collect, env_arch, gpu_configurations, render_infra_md, render_text
-from tests.conftest import REPO, envport
+from .support import REPO, run_envport, torch_python
 
 SCHEMA = json.loads((REPO / "docs" / "doctor.schema.json").read_text())
 NO_GPU = shutil.which("nvidia-smi") is None
@@ -37,7 +37,7 @@ def test_gpu_count_maps_to_configurations(free, tier, route, mesh):
 def test_cli_text_runs_here(project):
     infra = project / "docs" / "infra.md"
     before = infra.read_text() if infra.exists() else None
-    proc = envport("-C", str(project), "doctor", "--no-torch")
+    proc = run_envport("doctor", "--no-torch", root=project, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "verdict:" in out and "/dev/shm" in out and "disk:" in out
@@ -47,7 +47,7 @@ def test_cli_text_runs_here(project):
 
 
 def test_cli_json_validates(project):
-    proc = envport("-C", str(project), "doctor", "--json", "--no-torch")
+    proc = run_envport("doctor", "--json", "--no-torch", root=project, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     validate(report)
@@ -57,8 +57,6 @@ def test_cli_json_validates(project):
 
 
 def test_torch_probe_validates_with_an_interpreter_that_has_torch():
-    from tests.test_witness_venv import torch_python
-
     report = collect(python=torch_python())
     validate(report)
     assert report["torch"]["available"] and report["torch"]["version"].startswith("2.13.0")
@@ -74,7 +72,7 @@ def test_missing_torch_is_reported_not_fatal(tmp_path):
 
 
 def test_env_arch_verdict_without_a_gpu(project):
-    proc = envport("-C", str(project), "doctor", "--json", "--no-torch", "--env", "cuda-torch")
+    proc = run_envport("doctor", "--json", "--no-torch", "--env", "cuda-torch", root=project, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     validate(report)
@@ -85,7 +83,7 @@ def test_env_arch_verdict_without_a_gpu(project):
 def test_env_arch_refuses_a_range_the_build_cannot_cover(project):
     spec = project / "specs" / "cuda-torch.yaml"
     spec.write_text(spec.read_text().replace("sm_range: [sm_50, sm_90]", "sm_range: [sm_80, sm_120]"))
-    proc = envport("-C", str(project), "doctor", "--no-torch", "--env", "cuda-torch")
+    proc = run_envport("doctor", "--no-torch", "--env", "cuda-torch", root=project, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "REFUSED" in proc.stdout and "sm_120" in proc.stdout
 
@@ -101,7 +99,7 @@ def test_env_arch_unknown_flavour_is_not_a_refusal():
 
 def test_write_docs_writes_infra_md(project):
     (project / "docs" / "infra.md").unlink(missing_ok=True)
-    proc = envport("-C", str(project), "doctor", "--no-torch", "--write-docs")
+    proc = run_envport("doctor", "--no-torch", "--write-docs", root=project, timeout=120)
     assert proc.returncode == 0, proc.stderr
     text = (project / "docs" / "infra.md").read_text()
     assert "## Launch recipe" in text and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in text

@@ -17,8 +17,6 @@ does (`load_spec`); the error cases also go through the real CLI.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,8 @@ from envport.errors import SpecError
 from envport.loader import load_spec
 from envport.plan import make_plan
 from envport.render import render_spec
+
+from .support import run_envport
 
 BASE = {"base": "debian:bookworm-slim", "python": "3.11"}
 
@@ -46,11 +46,6 @@ def problems(root: Path, name: str) -> list:
     with pytest.raises(SpecError) as info:
         load_spec(name, root)
     return info.value.problems
-
-
-def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envport", "-C", str(root), *args],
-                          capture_output=True, text=True, timeout=120)
 
 
 PARENT = {
@@ -242,7 +237,7 @@ def test_cli_reports_extends_errors_with_exit_2_and_writes_nothing(tmp_path: Pat
     for name, where in (("a", "b.yaml:2: extends: "), ("orphan", "orphan.yaml:2: extends: "),
                         ("kid", "bad-parent.yaml:5: system_pkgs[0]: ")):
         for command in ("validate", "render"):
-            proc = cli(tmp_path, command, name)
+            proc = run_envport(command, name, root=tmp_path, timeout=120)
             assert proc.returncode == 2, proc.stdout + proc.stderr
             assert f"{tmp_path.resolve() / 'specs' / where}" in proc.stderr, proc.stderr
     assert not (tmp_path / "images").exists()

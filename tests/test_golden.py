@@ -13,7 +13,7 @@ import pytest
 from envport.loader import all_spec_names, load_spec
 from envport.render import drift, render_spec
 
-from .conftest import REPO
+from .support import REPO
 
 ROOTS = [REPO, REPO / "tests" / "golden"]
 CASES = [(root, name) for root in ROOTS for name in all_spec_names(root)]

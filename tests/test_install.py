@@ -26,7 +26,7 @@ import pytest
 from envport.loader import all_spec_names, load_spec
 from envport.render import KEPT_FILES, render_spec
 
-from .conftest import REPO
+from .support import REPO
 
 pytestmark = pytest.mark.slow
 

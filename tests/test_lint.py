@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .support import REPO
 
 HADOLINT = shutil.which("hadolint")
 SHELLCHECK = shutil.which("shellcheck")

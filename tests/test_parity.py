@@ -16,7 +16,7 @@ from envport.plan import make_plan
 from envport.recipe_steps import def_markers, def_recipe, dockerfile_steps, pip_args_of, script_markers
 from envport.renderers import render_target
 
-from .conftest import REPO
+from .support import REPO
 
 ROOTS = [REPO, REPO / "tests" / "golden"]
 CASES = [(root, name) for root in ROOTS for name in all_spec_names(root)]

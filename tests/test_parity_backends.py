@@ -15,8 +15,7 @@ import pytest
 from envport.parity import Difference, TargetFacts, canonical, differences, parse_freeze, python_precision
 from envport.verdict import StepResult, Verdict
 
-from .shell_envs import (ENV_NAME, cli_env, demo_image, envport, fail_with, local_venv, shell_project,  # noqa: F401
-                         ssh_venv)
+from .support import ENV_NAME, cli_env, fail_with, run_envport
 
 INJECTED = ("iniconfig", "2.3.0")  # small, pure Python, on the local index; in none of the demo-cpu envs
 
@@ -40,10 +39,10 @@ def _facts(target, python="3.11.7", packages=None, env=None):
                        packages=packages or {"torch": "2.13.0+cpu"}, env=env or {"ENVPORT_NAME": "demo-cpu"})
 
 
-def test_differences_name_what_differs_and_ignore_skipped_targets(shell_project):  # noqa: F811
+def test_differences_name_what_differs_and_ignore_skipped_targets(session_project):
     from envport.loader import load_spec
 
-    loaded = load_spec(ENV_NAME, shell_project)
+    loaded = load_spec(ENV_NAME, session_project)
     same = [_facts("docker", python="3.11.2"), _facts("venv"), TargetFacts("conda", skipped="no_conda: ...")]
     assert differences(loaded, same) == []
     other = [_facts("docker"), _facts("venv", packages={"torch": "2.13.0+cpu", "requests": "2.31.0"},
@@ -56,14 +55,14 @@ def test_differences_name_what_differs_and_ignore_skipped_targets(shell_project)
 
 @pytest.mark.ssh
 @pytest.mark.docker
-def test_parity_passes_across_docker_local_venv_and_venv_over_ssh(demo_image, local_venv, ssh_venv,  # noqa: F811
-                                                                   shell_project):
-    proc = envport("parity", ENV_NAME, "--json", root=shell_project, timeout=900)
+def test_parity_passes_across_docker_local_venv_and_venv_over_ssh(demo_image, local_venv, ssh_venv,
+                                                                   session_project):
+    proc = run_envport("parity", ENV_NAME, "--json", root=session_project, env=cli_env(), timeout=900)
     out = json.loads(proc.stdout) if proc.stdout.startswith("{") else None
     assert proc.returncode == 0 and out, fail_with(proc, "envport parity")
     compared = {t["target"]: t for t in out["targets"] if not t["skipped"]}
     assert set(compared) == {"docker", "venv", "venv@test"}, out["targets"]
-    assert compared["docker"]["where"] == demo_image
+    assert compared["docker"]["where"] == demo_image.tag
     assert compared["venv"]["where"] == local_venv.prefix and compared["venv@test"]["where"] == ssh_venv.prefix
     assert local_venv.prefix != ssh_venv.prefix  # built twice, really
     for t in compared.values():
@@ -75,15 +74,15 @@ def test_parity_passes_across_docker_local_venv_and_venv_over_ssh(demo_image, lo
 
 @pytest.mark.ssh
 @pytest.mark.docker
-def test_an_injected_package_is_named_and_fails(demo_image, local_venv, ssh_venv, ssh_host,  # noqa: F811
-                                                shell_project):
+def test_an_injected_package_is_named_and_fails(demo_image, local_venv, ssh_venv, ssh_host,
+                                                session_project):
     name, version = INJECTED
     pip = f"{ssh_venv.prefix}/bin/pip"
     installed = subprocess.run(ssh_host.argv(f"{pip} install -q --no-deps {name}=={version}"),
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr
     try:
-        proc = envport("parity", ENV_NAME, "--no-ledger", root=shell_project, timeout=900)
+        proc = run_envport("parity", ENV_NAME, "--no-ledger", root=session_project, env=cli_env(), timeout=900)
     finally:
         subprocess.run(ssh_host.argv(f"{pip} uninstall -q -y {name}"), capture_output=True, timeout=300)
     assert proc.returncode == 1, fail_with(proc, "parity with an injected package")

@@ -66,7 +66,7 @@ from envport.render import render_plan, render_spec
 from envport.renderers import RENDERER_VERSION
 from envport.spec import SHELL_MANAGED_ENV, Spec, canonical_name
 
-from .conftest import REPO
+from .support import REPO
 
 EXAMPLES = int(os.environ.get("ENVPORT_FUZZ_EXAMPLES", "2000"))
 CHUNK = 100

@@ -24,9 +24,7 @@ from envport.plan import make_plan
 from envport.render import render_plan
 from envport.site import apply_site, load_site
 
-from .docker_helpers import as_json, run_envport, write_spec
-
-pytest_plugins = ["tests.services", "tests.docker_fixtures"]
+from .support import as_json, run_envport, write_spec
 
 
 def _leaks(blob: bytes, token: bytes) -> bool:
@@ -34,16 +32,16 @@ def _leaks(blob: bytes, token: bytes) -> bool:
 
 
 @pytest.mark.docker
-def test_hf_token_never_reaches_the_image(docker_client, base_image, dproject, throwaway_images, tmp_path):
+def test_hf_token_never_reaches_the_image(docker_client, base_image, project, throwaway_images, tmp_path):
     token = f"hf_{secrets.token_hex(20)}"
     needle = token.encode()
     name = "tiny-gated"
     throwaway_images.append(name)
-    write_spec(dproject, name,
+    write_spec(project, name,
                weight_dirs={"gated": {"path": "/weights/gated", "env": "HF_HOME", "gated": True,
                                       "auth_hint": "HF_TOKEN", "source": "huggingface-cli download org/model"}})
     env = {**os.environ, "HF_TOKEN": token, "HUGGING_FACE_HUB_TOKEN": token}
-    proc = run_envport("build", name, "--target", "docker", "--no-cache", "--json", root=dproject, env=env)
+    proc = run_envport("build", name, "--target", "docker", "--no-cache", "--json", root=project, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert needle not in proc.stdout.encode() and needle not in proc.stderr.encode()
     image_ref = as_json(proc)["steps"][-1]["data"]["image"]
@@ -72,11 +70,11 @@ def test_hf_token_never_reaches_the_image(docker_client, base_image, dproject, t
     assert not _leaks(json.dumps(inspect).encode(), needle)
     assert "HF_TOKEN" not in json.dumps(inspect["Config"]["Env"])
 
-    site = load_site(None, dproject)
-    loaded = load_spec(name, dproject)
+    site = load_site(None, project)
+    loaded = load_spec(name, project)
     for rel, (data, _) in render_plan(apply_site(make_plan(loaded), site), "0" * 64, ("docker",)).files.items():
         assert not _leaks(data, needle), f"token in rendered {rel}"
-    ledger = (dproject / "images" / name / "ledger.json").read_bytes()
+    ledger = (project / "images" / name / "ledger.json").read_bytes()
     assert not _leaks(ledger, needle)
     assert b'"image_id"' in ledger  # the build was recorded, without the token
-    assert not _leaks((dproject / "docs" / "envs" / f"{name}.md").read_bytes(), needle)
+    assert not _leaks((project / "docs" / "envs" / f"{name}.md").read_bytes(), needle)

@@ -11,9 +11,6 @@ import subprocess
 
 import pytest
 
-# Idempotent: tests/conftest.py registers the same plugin; pytest loads it once.
-pytest_plugins = ["tests.services"]
-
 PY_VERSION = re.compile(r"^Python 3\.\d+\.\d+$")
 
 

@@ -21,9 +21,7 @@ import yaml
 from envport import slurm as envport_slurm
 from envport.errors import SpecError
 
-from .shell_envs import ENV_NAME, cli_env, demo_image, envport, fail_with, local_venv, shell_project  # noqa: F401
-
-REPO = Path(__file__).resolve().parent.parent
+from .support import ENV_NAME, REPO, cli_env, fail_with, run_envport
 
 
 def write_profile(root: Path, name: str, cache_dir: Path, **fields) -> str:
@@ -42,7 +40,8 @@ def jobs_dir(tmp_path_factory) -> Path:
 
 
 def submit(root: Path, *args: str, env: dict | None = None, timeout: float = 300) -> tuple[int, dict, str]:
-    proc = envport("slurm", "submit", ENV_NAME, *args, "--json", root=root, env=env, timeout=timeout)
+    proc = run_envport("slurm", "submit", ENV_NAME, *args, "--json", root=root, env=env or cli_env(),
+                       timeout=timeout)
     try:
         out = json.loads(proc.stdout)
     except ValueError:
@@ -62,9 +61,9 @@ def test_shipped_profiles_validate():
     assert gpu.gres == "gpu:4" and gpu.time_s == 3600
 
 
-def test_clusters_command_lists_project_and_shipped_profiles(shell_project, jobs_dir):  # noqa: F811
-    write_profile(shell_project, "t-listed", jobs_dir)
-    proc = envport("slurm", "clusters", "--json", root=shell_project)
+def test_clusters_command_lists_project_and_shipped_profiles(session_project, jobs_dir):
+    write_profile(session_project, "t-listed", jobs_dir)
+    proc = run_envport("slurm", "clusters", "--json", root=session_project, env=cli_env(), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "slurm clusters")
     names = {p["name"] for p in json.loads(proc.stdout)}
     assert {"local", "example-gpu", "t-listed"} <= names
@@ -87,11 +86,12 @@ def test_slurm_time_formats(value, seconds):
     assert envport_slurm.slurm_time_seconds(value) == seconds
 
 
-def test_dry_run_prints_a_script_bash_accepts_with_every_value_quoted(shell_project, tmp_path):  # noqa: F811
+def test_dry_run_prints_a_script_bash_accepts_with_every_value_quoted(session_project, tmp_path):
     odd = tmp_path / "jobs with space$HOME"
-    name = write_profile(shell_project, "odd-dry", odd, activation=["echo activating"], account="proj-1")
-    proc = envport("slurm", "submit", ENV_NAME, "--cluster", name, "--target", "docker", "--check",
-                   "collectives", "--world-size", "4", "--dry-run", root=shell_project)
+    name = write_profile(session_project, "odd-dry", odd, activation=["echo activating"], account="proj-1")
+    proc = run_envport("slurm", "submit", ENV_NAME, "--cluster", name, "--target", "docker", "--check",
+                       "collectives", "--world-size", "4", "--dry-run", root=session_project, env=cli_env(),
+                       timeout=300)
     assert proc.returncode == 0, fail_with(proc, "dry-run")
     script = proc.stdout
     assert script.startswith("#!/bin/bash\n")
@@ -130,7 +130,7 @@ def test_the_wheel_carries_the_slurm_folder(tmp_path):
 
 
 @pytest.mark.slurm
-def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir):  # noqa: F811
+def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir):
     root = local_venv.root
     name = write_profile(root, "t-venv", jobs_dir)
     code, out, err = submit(root, "--cluster", name, "--target", "venv", "--check", "collectives",
@@ -154,9 +154,9 @@ def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir
 
 @pytest.mark.slurm
 @pytest.mark.docker
-def test_collectives_pass_as_two_tasks_with_docker_run(slurm, demo_image, shell_project, jobs_dir):  # noqa: F811
-    name = write_profile(shell_project, "t-docker", jobs_dir)
-    code, out, err = submit(shell_project, "--cluster", name, "--target", "docker", "--image", demo_image,
+def test_collectives_pass_as_two_tasks_with_docker_run(slurm, demo_image, session_project, jobs_dir):
+    name = write_profile(session_project, "t-docker", jobs_dir)
+    code, out, err = submit(session_project, "--cluster", name, "--target", "docker", "--image", demo_image.tag,
                             "--check", "collectives")
     assert code == 0, (out, err)
     steps = {s["step"]: s["verdict"] for s in out["steps"]}
@@ -167,10 +167,10 @@ def test_collectives_pass_as_two_tasks_with_docker_run(slurm, demo_image, shell_
 
 
 @pytest.mark.slurm
-def test_a_failing_job_is_failed_with_its_log_tail_and_exit_code(slurm, shell_project, jobs_dir):  # noqa: F811
-    name = write_profile(shell_project, "t-fails", jobs_dir,
+def test_a_failing_job_is_failed_with_its_log_tail_and_exit_code(slurm, session_project, jobs_dir):
+    name = write_profile(session_project, "t-fails", jobs_dir,
                          activation=["echo activating on $(hostname)", "echo module not found >&2", "exit 7"])
-    code, out, _ = submit(shell_project, "--cluster", name, "--target", "venv", "--check", "collectives",
+    code, out, _ = submit(session_project, "--cluster", name, "--target", "venv", "--check", "collectives",
                           "--prefix", "/nonexistent")
     assert code == 1, out
     assert out["verdict"] == "FAILED" and out["state"] == "FAILED" and out["slurm_exit_code"] == "7:0"
@@ -181,11 +181,11 @@ def test_a_failing_job_is_failed_with_its_log_tail_and_exit_code(slurm, shell_pr
 
 
 @pytest.mark.slurm
-def test_a_job_that_cannot_start_is_cancelled_after_max_pending(slurm, shell_project, jobs_dir):  # noqa: F811
+def test_a_job_that_cannot_start_is_cancelled_after_max_pending(slurm, session_project, jobs_dir):
     # One task wider than the node: Slurm accepts it and keeps it PENDING (Reason=PartitionConfig).
-    name = write_profile(shell_project, "t-pends", jobs_dir, cpus=slurm.cpus * 32, max_pending="3s")
+    name = write_profile(session_project, "t-pends", jobs_dir, cpus=slurm.cpus * 32, max_pending="3s")
     t0 = time.monotonic()
-    code, out, err = submit(shell_project, "--cluster", name, "--target", "venv", "--check", "python")
+    code, out, err = submit(session_project, "--cluster", name, "--target", "venv", "--check", "python")
     assert code == 3, (out, err)
     step = out["steps"][0]
     assert step["verdict"] == "REFUSED" and step["reason"] == "pending_timeout", step
@@ -196,9 +196,9 @@ def test_a_job_that_cannot_start_is_cancelled_after_max_pending(slurm, shell_pro
 
 
 @pytest.mark.slurm
-def test_a_request_sbatch_rejects_is_refused(slurm, shell_project, jobs_dir):  # noqa: F811
-    name = write_profile(shell_project, "t-rejected", jobs_dir, mem="100000000")  # 100 TB
-    code, out, _ = submit(shell_project, "--cluster", name, "--target", "venv", "--check", "python")
+def test_a_request_sbatch_rejects_is_refused(slurm, session_project, jobs_dir):
+    name = write_profile(session_project, "t-rejected", jobs_dir, mem="100000000")  # 100 TB
+    code, out, _ = submit(session_project, "--cluster", name, "--target", "venv", "--check", "python")
     assert code == 3, out
     step = out["steps"][0]
     assert step["reason"] == "sbatch_rejected" and "Requested node configuration is not available" in step["detail"]
@@ -206,11 +206,11 @@ def test_a_request_sbatch_rejects_is_refused(slurm, shell_project, jobs_dir):  #
 
 @pytest.mark.slurm
 @pytest.mark.docker
-def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, shell_project, jobs_dir):  # noqa: F811
-    name = write_profile(shell_project, "t-cancel", jobs_dir)
+def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, session_project, jobs_dir):
+    name = write_profile(session_project, "t-cancel", jobs_dir)
     proc = subprocess.Popen(
-        ["python3", "-m", "envport", "-C", str(shell_project), "slurm", "submit", ENV_NAME, "--cluster", name,
-         "--target", "docker", "--image", demo_image, "--check", "collectives", "--json", "--no-ledger"],
+        ["python3", "-m", "envport", "-C", str(session_project), "slurm", "submit", ENV_NAME, "--cluster", name,
+         "--target", "docker", "--image", demo_image.tag, "--check", "collectives", "--json", "--no-ledger"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=cli_env(ENVPORT_WITNESS_FAULT="hang:1"))  # rank 1 hangs: the witness stays in the middle
     try:

@@ -15,7 +15,7 @@ from envport.launchers.srun import SrunLauncher, venv_prelude, world_of
 from envport.loader import load_spec
 from envport.witness_run import WitnessOptions, run_witnesses
 
-from .shell_envs import ENV_NAME, demo_image, local_venv, shell_project  # noqa: F401
+from .support import ENV_NAME
 
 
 def test_world_comes_from_the_dist_witness_only():
@@ -80,7 +80,7 @@ def test_four_tasks_start_on_a_two_cpu_node(slurm):
 
 
 @pytest.mark.slurm
-def test_collectives_as_two_slurm_tasks_in_the_venv(slurm, local_venv):  # noqa: F811
+def test_collectives_as_two_slurm_tasks_in_the_venv(slurm, local_venv):
     spec = load_spec(ENV_NAME, local_venv.root).spec
     launcher = SrunLauncher(LocalLauncher(local_venv.python), ENV_NAME, in_allocation=False,
                             prelude=venv_prelude(local_venv.prefix))
@@ -92,9 +92,9 @@ def test_collectives_as_two_slurm_tasks_in_the_venv(slurm, local_venv):  # noqa:
 
 @pytest.mark.slurm
 @pytest.mark.docker
-def test_collectives_as_two_slurm_tasks_with_docker_run(slurm, demo_image, shell_project):  # noqa: F811
-    spec = load_spec(ENV_NAME, shell_project).spec
-    launcher = SrunLauncher(DockerLauncher(demo_image), ENV_NAME, in_allocation=False)
+def test_collectives_as_two_slurm_tasks_with_docker_run(slurm, demo_image, session_project):
+    spec = load_spec(ENV_NAME, session_project).spec
+    launcher = SrunLauncher(DockerLauncher(demo_image.tag), ENV_NAME, in_allocation=False)
     results = run_witnesses(spec, launcher, WitnessOptions(only=["collectives"], deadline_s=120))
     assert [(r.step, r.verdict.value) for r in results] == [("collectives (world 2)", "OK")], \
         [r.line() for r in results] + [ln for r in results for ln in r.lines]

@@ -21,7 +21,7 @@ from envport.launchers.ssh import SshLauncher, prefix_expr, remote_word, witness
 from envport.launchers.base import WITNESS_DIR
 from envport.site import SshHost as SiteSshHost
 
-from .shell_envs import ENV_NAME, cli_env, envport, fail_with, shell_project, ssh_venv  # noqa: F401
+from .support import ENV_NAME, cli_env, fail_with, run_envport
 
 UNREACHABLE = "ssh://root@127.0.0.1:1"  # nothing listens on port 1: connection refused at once
 
@@ -65,12 +65,12 @@ def test_remote_script_sources_the_env_block_and_cleans_up():
 
 
 @pytest.mark.ssh
-def test_unreachable_host_is_refused_within_10s(shell_project):  # noqa: F811
+def test_unreachable_host_is_refused_within_10s(session_project):
     for args in (("witness", ENV_NAME, "--target", "venv", "--host", UNREACHABLE, "--no-ledger"),
                  ("verify", ENV_NAME, "--target", "venv", "--host", UNREACHABLE),
                  ("build", ENV_NAME, "--target", "venv", "--host", UNREACHABLE)):
         t0 = time.monotonic()
-        proc = envport(*args, root=shell_project, timeout=30)
+        proc = run_envport(*args, root=session_project, env=cli_env(), timeout=30)
         took = time.monotonic() - t0
         assert proc.returncode == 3, fail_with(proc, " ".join(args))
         assert "REFUSED" in proc.stdout and "ssh_unreachable" in proc.stdout, proc.stdout
@@ -79,7 +79,7 @@ def test_unreachable_host_is_refused_within_10s(shell_project):  # noqa: F811
 
 
 @pytest.mark.ssh
-def test_missing_env_on_the_host_is_refused(ssh_host, shell_project):  # noqa: F811
+def test_missing_env_on_the_host_is_refused(ssh_host, session_project):
     site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))
     result = SshLauncher(site_host, "no-such-env", envs_dir="/var/tmp/envport-nowhere").preflight()
     assert result is not None and result.reason == "env_missing"
@@ -87,15 +87,15 @@ def test_missing_env_on_the_host_is_refused(ssh_host, shell_project):  # noqa: F
 
 
 @pytest.mark.ssh
-def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):  # noqa: F811
-    proc = envport("build", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
-                   env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):
+    proc = run_envport("build", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
+                       env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "build again")
     step = json.loads(proc.stdout)["steps"][-1]
     assert step["verdict"] == "present" and step["data"]["prefix"] == ssh_venv.prefix
 
-    proc = envport("verify", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
-                   env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+    proc = run_envport("verify", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
+                       env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "verify --host test")
     result = json.loads(proc.stdout)["steps"][0]
     assert result["verdict"] == "OK", result
@@ -109,14 +109,14 @@ def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):  # noqa: F8
 
 
 @pytest.mark.ssh
-def test_verify_over_ssh_names_a_broken_env_var(ssh_venv, ssh_host):  # noqa: F811
+def test_verify_over_ssh_names_a_broken_env_var(ssh_venv, ssh_host):
     """The env block is what is checked: change it on the host and the check names the variable."""
     env_sh = f"{ssh_venv.prefix}/.envport/env.sh"
     edit = f"cp {env_sh} {env_sh}.bak && sed -i 's/hello from demo-cpu/tampered/' {env_sh}"
     subprocess.run(ssh_host.argv(edit), check=True, timeout=30)
     try:
-        proc = envport("verify", ENV_NAME, "--target", "venv", "--host", "test", root=ssh_venv.root,
-                       env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+        proc = run_envport("verify", ENV_NAME, "--target", "venv", "--host", "test", root=ssh_venv.root,
+                           env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir), timeout=300)
     finally:
         subprocess.run(ssh_host.argv(f"mv {env_sh}.bak {env_sh}"), check=True, timeout=30)
     assert proc.returncode == 1, fail_with(proc, "verify of a tampered env")
@@ -124,10 +124,10 @@ def test_verify_over_ssh_names_a_broken_env_var(ssh_venv, ssh_host):  # noqa: F8
 
 
 @pytest.mark.ssh
-def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):  # noqa: F811
-    proc = envport("witness", ENV_NAME, "--target", "venv", "--host", "test", "--only",
-                   "python,imports,kernel,collectives", "--json", root=ssh_venv.root,
-                   env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir))
+def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):
+    proc = run_envport("witness", ENV_NAME, "--target", "venv", "--host", "test", "--only",
+                       "python,imports,kernel,collectives", "--json", root=ssh_venv.root,
+                       env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "witness --host test")
     out = json.loads(proc.stdout)
     verdicts = {s["step"]: s["verdict"] for s in out["steps"]}
@@ -143,7 +143,7 @@ def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):  # noq
 
 
 @pytest.mark.ssh
-def test_deadline_ends_the_remote_ranks(ssh_venv, ssh_host):  # noqa: F811
+def test_deadline_ends_the_remote_ranks(ssh_venv, ssh_host):
     """A hung rank past the launcher's deadline: the ssh client AND the remote process group end."""
     from envport.loader import load_spec
 

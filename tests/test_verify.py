@@ -12,10 +12,7 @@ import yaml
 from envport.loader import load_spec
 from envport.verify.checks import spec_checks
 
-from .conftest import REPO
-from .docker_helpers import as_json, run_envport, write_spec
-
-pytest_plugins = ["tests.services", "tests.docker_fixtures"]
+from .support import REPO, as_json, run_envport, write_spec
 
 USER_TEST = '''
 import pytest
@@ -35,11 +32,20 @@ def _containers(docker_client, name: str) -> list:
     return docker_client.containers.list(all=True, filters={"name": f"envport-verify-{name}-"})
 
 
+@pytest.fixture(scope="module")
+def user_test(demo_image):
+    """USER_TEST in the session project's tests/images/ until this module ends: the project is shared,
+    and the venv verifies of demo-cpu elsewhere (tests/test_ssh.py) must not run it."""
+    path = demo_image.root / "tests" / "images" / "test_demo_extra.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(USER_TEST)
+    yield path
+    path.unlink()
+
+
 @pytest.mark.docker
-def test_demo_cpu_verifies(demo_image, docker_client):
-    root = demo_image["root"]
-    (root / "tests" / "images").mkdir(parents=True, exist_ok=True)
-    (root / "tests" / "images" / "test_demo_extra.py").write_text(USER_TEST)
+def test_demo_cpu_verifies(demo_image, docker_client, user_test):
+    root = demo_image.root
     proc = run_envport("verify", "demo-cpu", "--target", "docker", "--json", root=root, timeout=300)
     out = as_json(proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -61,14 +67,14 @@ def test_demo_cpu_verifies(demo_image, docker_client):
     assert "pip[torch==2.13.0]" in names and "env[DEMO_GREETING]" in names
     ledger = json.loads((root / "images" / "demo-cpu" / "ledger.json").read_text())["records"]
     rec = [r for r in ledger if r["kind"] == "verify"][-1]
-    assert rec["verdict"] == "OK" and rec["target"] == "docker" and rec["image_id"] == demo_image["id"]
+    assert rec["verdict"] == "OK" and rec["target"] == "docker" and rec["image_id"] == demo_image.id
     assert len(rec["checks"]) == len(checks) and rec["size"] > 0
     assert _containers(docker_client, "demo-cpu") == []  # always removed
 
 
 @pytest.mark.docker
 def test_altered_image_fails_naming_exactly_what_differs(demo_image, docker_client, throwaway_images, tmp_path):
-    root = demo_image["root"]
+    root = demo_image.root
     # The same recipe with six dropped and DEMO_GREETING changed, built as another env.
     spec = yaml.safe_load((REPO / "specs" / "demo-cpu.yaml").read_text())
     spec["name"] = "demo-cpu-altered"
@@ -102,17 +108,17 @@ def test_altered_image_fails_naming_exactly_what_differs(demo_image, docker_clie
 
 
 @pytest.mark.docker
-def test_verify_refuses_an_image_that_was_never_built(docker_client, dproject):
-    write_spec(dproject, "tiny-unbuilt", env={"NEVER": "built"})
-    proc = run_envport("verify", "tiny-unbuilt", "--json", root=dproject, timeout=120)
+def test_verify_refuses_an_image_that_was_never_built(docker_client, project):
+    write_spec(project, "tiny-unbuilt", env={"NEVER": "built"})
+    proc = run_envport("verify", "tiny-unbuilt", "--json", root=project, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     step = as_json(proc)["steps"][0]
     assert step["reason"] == "image_missing" and "envport build tiny-unbuilt --target docker" in step["detail"]
 
 
-def test_verify_refuses_when_the_engine_is_unreachable(dproject, tmp_path):
+def test_verify_refuses_when_the_engine_is_unreachable(project, tmp_path):
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/dead.sock"}
-    proc = run_envport("verify", "demo-cpu", "--json", root=dproject, env=env, timeout=120)
+    proc = run_envport("verify", "demo-cpu", "--json", root=project, env=env, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert as_json(proc)["steps"][0]["reason"] == "docker_unreachable"
 

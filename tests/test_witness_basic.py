@@ -9,7 +9,7 @@ import sys
 from envport.launchers import WITNESS_DIR
 from envport.witness_run import parse_sentinels
 from envport.witnesses.envport_sentinel import PREFIX
-from tests.test_witness_venv import torch_python
+from .support import torch_python
 
 
 def run_script(python: str, script: str, *args: str, timeout: float = 120) -> tuple[int, list[dict], str]:

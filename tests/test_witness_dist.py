@@ -18,7 +18,7 @@ from envport.launchers import WITNESS_DIR, LocalLauncher
 from envport.spec import Spec
 from envport.verdict import Verdict
 from envport.witness_run import WitnessOptions, parse_sentinels, run_witnesses
-from tests.test_witness_venv import torch_python
+from .support import torch_python
 
 
 def dist_spec(world: int, mesh: list[int] | None) -> Spec:

@@ -14,8 +14,7 @@ from envport.launchers import LocalLauncher
 from envport.spec import Spec
 from envport.verdict import EXIT_NO_ACCELERATOR, NO_ACCELERATOR_REASON, Verdict, exit_code
 from envport.witness_run import WitnessOptions, plan, run_witnesses
-from tests.conftest import envport
-from tests.test_witness_venv import torch_python
+from .support import run_envport, torch_python
 
 HERE = "%d.%d" % sys.version_info[:2]
 
@@ -111,8 +110,8 @@ def wit_project(project: Path) -> Path:
 
 
 def test_cli_venv_target_json_and_ledger(wit_project):
-    proc = envport("-C", str(wit_project), "witness", "wit-cpu", "--target", "venv",
-                   "--python", torch_python(), "--json", timeout=600)
+    proc = run_envport("witness", "wit-cpu", "--target", "venv", "--python", torch_python(), "--json",
+                       root=wit_project, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(proc.stdout)
     steps = {s["step"]: s for s in data["steps"]}
@@ -131,15 +130,15 @@ def test_cli_venv_target_json_and_ledger(wit_project):
 def test_cli_default_venv_location_and_table(wit_project, tmp_path):
     envs = tmp_path / "envs"
     env = {**os.environ, "ENVPORT_ENVS_DIR": str(envs)}
-    proc = envport("-C", str(wit_project), "witness", "wit-cpu", "--target", "venv", "--only", "python",
-                   "--no-ledger", env=env)
+    proc = run_envport("witness", "wit-cpu", "--target", "venv", "--only", "python", "--no-ledger",
+                       root=wit_project, env=env, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "env_missing" in proc.stdout and str(envs / "wit-cpu" / "bin" / "python") in proc.stdout
     # The whole env dir, so bin/python still finds its pyvenv.cfg and site-packages.
     envs.mkdir()
     os.symlink(Path(torch_python()).parent.parent, envs / "wit-cpu")
-    proc = envport("-C", str(wit_project), "witness", "wit-cpu", "--target", "venv", "--only", "python,imports",
-                   "--no-ledger", env=env)
+    proc = run_envport("witness", "wit-cpu", "--target", "venv", "--only", "python,imports", "--no-ledger",
+                       root=wit_project, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[1].split()[:3] == ["VERDICT", "TIME", "CHECK"]
@@ -150,12 +149,12 @@ def test_cli_default_venv_location_and_table(wit_project, tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has a GPU")
 def test_cli_gpu_spec_on_this_host_exits_5(wit_project):
-    proc = envport("-C", str(wit_project), "witness", "cuda-torch", "--target", "venv",
-                   "--python", sys.executable, "--no-ledger")
+    proc = run_envport("witness", "cuda-torch", "--target", "venv", "--python", sys.executable, "--no-ledger",
+                       root=wit_project, timeout=120)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "REFUSED" in proc.stdout and NO_ACCELERATOR_REASON in proc.stdout
 
 
 def test_cli_rejects_unknown_check(wit_project):
-    proc = envport("-C", str(wit_project), "witness", "wit-cpu", "--target", "venv", "--only", "bogus")
+    proc = run_envport("witness", "wit-cpu", "--target", "venv", "--only", "bogus", root=wit_project, timeout=120)
     assert proc.returncode == 2 and "unknown check" in proc.stderr

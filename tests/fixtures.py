@@ -1,0 +1,94 @@
+"""The shared fixtures, each defined once; registered from tests/conftest.py (`pytest_plugins`).
+
+The real services (docker_client, base_image, slurm, ssh_host) come from tests/services.py.
+
+- ``project``: a throwaway copy of the project (tests/support.py PROJECT_DIRS) for one test.
+- ``session_project``: one copy for the session, shared by the session's built envs: the
+  site's `test` host and wheelhouse settings decide their hashes, and the ledgers the tests
+  write never touch the checkout.
+- ``demo_image``: demo-cpu built for real once per session by the docker builder (`--rebuild`:
+  a BuildKit build that reuses the engine's layer cache where it has one, cold in CI) and kept.
+- ``local_venv``: demo-cpu as a venv on this host, in LOCAL_ENVS_DIR.
+- ``ssh_venv``: demo-cpu as a venv built over SSH on the site host `test`, in SSH_ENVS_DIR: a
+  different folder, so it is really built a second time.
+- ``throwaway_images``: names whose images a test creates; removed afterwards.
+
+The env folders live outside the checkout under /var/tmp and are kept between sessions: a
+build whose hash matches reports `present` in about a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .support import (BUILD_TIMEOUT, ENV_NAME, LOCAL_ENVS_DIR, SSH_ENVS_DIR, BuiltVenv, DemoImage, as_json, cli_env,
+                      copy_project, fail_with, run_envport)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A throwaway copy of the project for one test (in its tmp_path), so tests never touch the checkout."""
+    return copy_project(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def session_project(tmp_path_factory) -> Path:
+    """One project copy for the session's shared envs (demo_image, local_venv, ssh_venv)."""
+    return copy_project(tmp_path_factory.mktemp("session-project"))
+
+
+@pytest.fixture(scope="session")
+def demo_image(docker_client, base_image, session_project) -> DemoImage:
+    """demo-cpu built for real from the debootstrap base, torch from the wheelhouse; kept after the session."""
+    from envport.hashing import content_hash
+    from envport.loader import load_spec
+    from envport.site import load_site
+
+    proc = run_envport("build", ENV_NAME, "--target", "docker", "--rebuild", "--json", root=session_project,
+                       timeout=BUILD_TIMEOUT)
+    out = as_json(proc)
+    assert proc.returncode == 0, fail_with(proc, "envport build --target docker --rebuild")
+    build = out["steps"][-1]
+    assert build["verdict"] == "OK" and build["step"].startswith(f"build envport/{ENV_NAME}:"), build
+    tag = build["data"]["image"]
+    # The tag names the spec's content hash for the project's default site.
+    loaded = load_spec(ENV_NAME, session_project)
+    assert tag == f"envport/{ENV_NAME}:{content_hash(loaded, load_site(None, session_project))[:12]}", tag
+    docker_client.images.get(tag)
+    return DemoImage(root=session_project, tag=tag, id=build["data"]["image_id"], result=out, stderr=proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def local_venv(session_project) -> BuiltVenv:
+    """demo-cpu built (or present) as a venv here: torch==2.13.0 from the local wheel, ~30 s cold."""
+    proc = run_envport("build", ENV_NAME, "--target", "venv", root=session_project,
+                       env=cli_env(ENVPORT_ENVS_DIR=LOCAL_ENVS_DIR), timeout=BUILD_TIMEOUT)
+    assert proc.returncode == 0, fail_with(proc, "envport build --target venv")
+    return BuiltVenv(session_project, f"{LOCAL_ENVS_DIR}/{ENV_NAME}", LOCAL_ENVS_DIR)
+
+
+@pytest.fixture(scope="session")
+def ssh_venv(session_project, ssh_host) -> BuiltVenv:
+    """demo-cpu built (or present) over SSH on the site host `test`, in its own folder."""
+    proc = run_envport("build", ENV_NAME, "--target", "venv", "--host", "test", root=session_project,
+                       env=cli_env(ENVPORT_ENVS_DIR=SSH_ENVS_DIR), timeout=BUILD_TIMEOUT)
+    assert proc.returncode == 0, fail_with(proc, "envport build --target venv --host test")
+    return BuiltVenv(session_project, f"{SSH_ENVS_DIR}/{ENV_NAME}", SSH_ENVS_DIR, host="test")
+
+
+@pytest.fixture
+def throwaway_images(docker_client):
+    """Names (envport/<name>) whose images the test creates; all their tags are removed afterwards."""
+    names: list[str] = []
+    yield names
+    import docker
+
+    for name in names:
+        # By label, not only by tag: a rebuild re-tags, leaving the earlier image untagged.
+        for img in docker_client.images.list(all=True, filters={"label": f"envport.name={name}"}):
+            try:
+                docker_client.images.remove(img.id, force=True)
+            except docker.errors.APIError:
+                pass

@@ -1,0 +1,183 @@
+"""Plain helpers and constants shared by the tests; no fixtures (those live in tests/fixtures.py).
+
+- ``copy_project``: a throwaway copy of the project (PROJECT_DIRS), so tests never touch the checkout.
+- ``run_envport``: the real CLI in a subprocess on a project root, the way a user runs it.
+- ``cli_env``: this process's environment with the test env folders (LOCAL_ENVS_DIR, SSH_ENVS_DIR),
+  which keep their venvs between sessions: a build whose hash matches is `present` in about a second.
+- ``write_spec`` / ``write_site``: small specs (six only, no torch: they build in seconds) and site profiles.
+- ``torch_python``: an interpreter with the pinned CPU torch, for the witness tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT_DIRS = ("specs", "images", "docs", "sites", "slurm")
+ENV_NAME = "demo-cpu"
+BUILD_TIMEOUT = 900
+
+LOCAL_ENVS_DIR = os.environ.get("ENVPORT_TEST_ENVS_DIR", "/var/tmp/envport-test-envs")
+SSH_ENVS_DIR = os.environ.get("ENVPORT_TEST_SSH_ENVS_DIR", "/var/tmp/envport-ssh-envs")
+
+
+# --- projects and the CLI ----------------------------------------------------------------
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy the checkout's PROJECT_DIRS into DEST; returns DEST."""
+    for d in PROJECT_DIRS:
+        if (REPO / d).is_dir():
+            shutil.copytree(REPO / d, dest / d)
+    return dest
+
+
+def cli_env(**extra: str) -> dict:
+    """This process's environment with the test env folders (local and over SSH), without a witness fault."""
+    env = dict(os.environ)
+    env.update(ENVPORT_ENVS_DIR=LOCAL_ENVS_DIR, ENVPORT_SSH_ENVS_DIR=SSH_ENVS_DIR)
+    env.pop("ENVPORT_WITNESS_FAULT", None)
+    env.update(extra)
+    return env
+
+
+def fail_with(proc: subprocess.CompletedProcess, what: str) -> str:
+    return f"{what} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def run_envport(*args: str, root: Path, env: dict | None = None, timeout: float = BUILD_TIMEOUT,
+                check: bool = False) -> subprocess.CompletedProcess:
+    """`envport -C ROOT ARGS...` in a subprocess, in ROOT; ENV None: this process's environment."""
+    proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(root), *args], cwd=root,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(fail_with(proc, f"envport {' '.join(args)}"))
+    return proc
+
+
+def as_json(proc: subprocess.CompletedProcess) -> dict:
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
+
+
+def write_spec(root: Path, name: str, /, **fields) -> Path:
+    """specs/<name>.yaml from a small default (no torch: builds in seconds) updated by fields."""
+    data = {
+        "name": name,
+        "base": "envport/debian-bookworm:base",
+        "python": "3.11",
+        "pip_phases": [["six==1.16.0"]],
+        "env": {"TINY_GREETING": "hello from tiny"},
+    }
+    data.update(fields)
+    path = root / "specs" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def write_site(root: Path, name: str, **fields) -> str:
+    """sites/<name>.yaml: the local site with some fields changed; returns the --site value."""
+    data = yaml.safe_load((REPO / "sites" / "local.yaml").read_text())
+    data.update(name=name, **fields)
+    (root / "sites" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return name
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def tags_of(client, name: str) -> list[str]:
+    return sorted(t for img in client.images.list(name=f"envport/{name}") for t in img.tags)
+
+
+# --- what the session fixtures hand out ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoImage:
+    """demo-cpu built by the docker builder (`envport build demo-cpu --target docker --rebuild --json`)."""
+
+    root: Path  # the session project it was built from
+    tag: str  # envport/demo-cpu:<hash12>
+    id: str  # the engine's image id
+    result: dict  # the build's --json output
+    stderr: str  # the build's progress lines
+
+
+@dataclass(frozen=True)
+class BuiltVenv:
+    root: Path  # the project copy it was built from
+    prefix: str  # the env folder (on this host, or on the SSH host)
+    envs_dir: str
+    host: str | None = None
+
+    @property
+    def python(self) -> str:
+        return f"{self.prefix}/bin/python"
+
+
+# --- an interpreter with torch for the witness tests --------------------------------------
+#
+# This interpreter when it has torch==2.13.0, else a venv under .cache/witness-venv (gitignored)
+# created once with `python -m venv` + `pip install torch==2.13.0`, which takes the CPU wheel
+# from local disk (~30 s). Never an unpinned torch: a resolver would pull a CUDA build.
+
+TORCH_PIN = "2.13.0"
+WITNESS_VENV = REPO / ".cache" / "witness-venv"
+
+
+def torch_version(python: str) -> str | None:
+    try:
+        out = subprocess.run([python, "-c", "import torch, sys; sys.stdout.write(torch.__version__)"],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _find_or_make_torch_python() -> tuple[str | None, str]:
+    here = torch_version(sys.executable)
+    if here and here.split("+")[0] == TORCH_PIN:
+        return sys.executable, ""
+    python = WITNESS_VENV / "bin" / "python"
+    WITNESS_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(WITNESS_VENV.parent / "witness-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers create it once
+        version = torch_version(str(python)) if python.exists() else None
+        if version is None:
+            steps = [[sys.executable, "-m", "venv", str(WITNESS_VENV)],
+                     [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_PIN}"]]
+            for argv in steps:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                                      env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+                if proc.returncode != 0:
+                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                    return None, f"could not create {WITNESS_VENV} with torch=={TORCH_PIN}: {' | '.join(tail)}"
+            version = torch_version(str(python))
+        if version is None or version.split("+")[0] != TORCH_PIN:
+            return None, f"{python} has torch {version}, expected {TORCH_PIN}"
+    return str(python), ""
+
+
+def torch_python() -> str:
+    """An interpreter with torch==2.13.0; skips (with the reason) when none can be had."""
+    python, why = _find_or_make_torch_python()
+    if python is None:
+        pytest.skip(why)
+    return python
