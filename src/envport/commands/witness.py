@@ -57,6 +57,7 @@ def _table_row(r: StepResult) -> str:
 
 def run(args) -> int:
     from ..launchers import DockerLauncher, LocalLauncher
+    from ..launchers.local import activated_env
     from ..witness_checks import check_world_size, parse_checks
     from ..witness_run import WitnessOptions, host_gpu_count, requires_gpu, run_witnesses, summary
     from ..witnesses.envport_sentinel import FAULT_ENV
@@ -78,12 +79,11 @@ def run(args) -> int:
         ledger_facts["ssh_host"] = args.host
     elif args.target == "venv":
         python = Path(args.python).expanduser() if args.python else venv_python(spec.name)
-        env = dict(os.environ)
-        # What activating the env would do: its bin/ first on PATH (CLI checks
-        # run `python`, `tool --help`), VIRTUAL_ENV, and the spec's env vars.
-        env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
-        env["VIRTUAL_ENV"] = str(python.parent.parent)
-        env.update(spec.env)
+        # What activating the env would do (CLI checks run `python`, `tool --help`);
+        # an interpreter outside an envport env still gets the spec's env vars.
+        env = activated_env(python.parent.parent, os.environ)
+        if not (python.parent.parent / ".envport" / "env.sh").is_file():
+            env.update(spec.env)
         launcher = LocalLauncher(python, base_env=env,
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
         ledger_facts["prefix"] = str(python.parent.parent)

@@ -11,6 +11,27 @@ from ..verdict import StepResult, Verdict
 from .base import WITNESS_DIR, Invocation, Launcher
 
 
+def activated_env(prefix: str | os.PathLike, base: Mapping[str, str]) -> dict[str, str]:
+    """What activating a host env gives a process: BASE, the env's bin/ first on PATH,
+    VIRTUAL_ENV, and whatever the env's `.envport/env.sh` exports (the spec's env,
+    ENVPORT_HASH, ENVPORT_ROOT), read by sourcing it in a real bash so quoting is bash's."""
+    import subprocess
+
+    from ..verify.checks import parse_env0
+
+    prefix = Path(prefix)
+    env = dict(base)
+    env["PATH"] = f"{prefix / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(prefix)
+    script = prefix / ".envport" / "env.sh"
+    if script.is_file():
+        out = subprocess.run(["bash", "-c", '. "$1" && env -0', "envport-env", str(script)], env=env,
+                             capture_output=True, check=True).stdout
+        env = {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
+               for k, v in parse_env0(out).items()}
+    return env
+
+
 class LocalLauncher(Launcher):
     name = "local"
 
