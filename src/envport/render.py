@@ -25,7 +25,7 @@ IMAGES_DIR = "images"
 CA_CONTEXT_NAME = "ca-bundle.crt"
 WHEELHOUSE_CONTEXT_NAME = "wheelhouse"
 # Files in images/<name>/ that envport owns but `render` does not produce.
-KEPT_FILES = ("ledger.json",)
+KEPT_FILES = ("ledger.json", "ledger.lock")
 
 
 @dataclass
