@@ -84,14 +84,19 @@ def _resolves(target: str, rec: dict) -> str:
 def render_doc(name: str, records: list[dict]) -> str:
     lines = [f"# env: {name}", "", "Generated from images/{0}/ledger.json by envport; do not edit.".format(name), ""]
     by_hash: dict[str, list[dict]] = {}
-    for rec in records:
+    latest: dict[str, int] = {}  # records are in append order: position beats a same-second timestamp
+    for i, rec in enumerate(records):
         if rec.get("hash"):
             by_hash.setdefault(rec["hash"], []).append(rec)
-    for hash_, recs in sorted(by_hash.items(), key=lambda kv: max(r["when"] for r in kv[1]), reverse=True):
-        last = recs[-1]
+            latest[rec["hash"]] = i
+    for hash_, recs in sorted(by_hash.items(), key=lambda kv: latest[kv[0]], reverse=True):
+        # Each fact from the latest record that carries it (a witness run has no tier).
+        last = {k: next((r[k] for r in reversed(recs) if r.get(k)), None)
+                for k in ("resources", "weights", "sm_range")}
         lines.append(f"### env: {name}@{hash_[:12]}")
+        # A present build records nothing; a verify or witness run that found the env says where it is too.
         how = sorted({_resolves(r.get("target", "?"), r) for r in recs
-                      if r.get("kind") == "build" and r.get("verdict") in ("OK", "present")})
+                      if r.get("verdict") in ("OK", "present") and (r.get("image") or r.get("sif") or r.get("prefix"))})
         lines.append("how: " + ("; ".join(how) if how else "not built on this host"))
         if last.get("resources"):
             lines.append(f"tier: {json.dumps(last['resources'], sort_keys=True)}")

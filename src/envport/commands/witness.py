@@ -70,6 +70,7 @@ def run(args) -> int:
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None)
     ledger_facts: dict = {}
+    hash_ = loaded.hash  # host envs; a docker image is named by the hash as the site builds it
     if args.target == "venv" and args.host:
         from ..launchers.ssh import launcher_for_host
         from ..site import load_site
@@ -92,7 +93,8 @@ def run(args) -> int:
         from ..site import load_site
 
         # Images are named by the hash as the site builds them (CA bundle, wheelhouse...).
-        image = args.image or f"envport/{spec.name}:{content_hash(loaded, load_site(args.site, loaded.root))[:12]}"
+        hash_ = content_hash(loaded, load_site(args.site, loaded.root))
+        image = args.image or f"envport/{spec.name}:{hash_[:12]}"
         gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
         launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
                                   missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG")
@@ -100,7 +102,7 @@ def run(args) -> int:
 
     out = sys.stdout
     if not args.json:
-        print(f"envport witness {spec.name}@{loaded.hash12} --target {args.target} ({launcher.describe()})",
+        print(f"envport witness {spec.name}@{hash_[:12]} --target {args.target} ({launcher.describe()})",
               file=out)
         print(f"{'VERDICT':<8} {'TIME':>8}  {'CHECK':<28} DETAIL", file=out)
 
@@ -121,7 +123,7 @@ def run(args) -> int:
     line = summary(results)
     if not args.no_ledger:
         _append_ledger(loaded, {
-            "kind": "witness", "target": args.target, "hash": loaded.hash, "verdict": overall,
+            "kind": "witness", "target": args.target, "hash": hash_, "verdict": overall,
             "summary": line, "exit_code": code, "seconds": round(total, 3),
             "launcher": launcher.describe(), "steps": [r.to_dict() for r in results],
             "options": {"only": only, "world_size": args.world_size, "device": args.device,
@@ -129,7 +131,7 @@ def run(args) -> int:
             "sm_range": spec.sm_range, **ledger_facts,
         })
     if args.json:
-        json.dump({"env": spec.name, "hash": loaded.hash, "target": args.target,
+        json.dump({"env": spec.name, "hash": hash_, "target": args.target,
                    "launcher": launcher.describe(), "verdict": overall, "exit_code": code,
                    "seconds": round(total, 3), "steps": [r.to_dict() for r in results]}, out, indent=2)
         out.write("\n")
