@@ -42,8 +42,8 @@ def test_spec_points_editors_at_the_schema_and_validates_against_it(path):
     data = yaml.safe_load(path.read_text())
     while "extends" in data:  # a child may leave base/python to its parent: check what it merges to
         parent = yaml.safe_load((REPO / "specs" / f"{data['extends']}.yaml").read_text())
-        data = {**merge(parent, data), "name": data["name"], **({"extends": parent["extends"]}
-                                                               if "extends" in parent else {})}
+        merged = {k: v for k, v in merge(parent, data).items() if k != "extends"}
+        data = {**merged, **({"extends": parent["extends"]} if "extends" in parent else {})}
     jsonschema.validate(data, schema)
 
 
