@@ -6,7 +6,6 @@ the field path, what was expected and a fix.  Nothing here writes files.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from .errors import EnvportError, Problem, SpecError
 from .spec import Spec
 
 SPECS_DIR = "specs"
-SCHEMA_COMMENT = "# yaml-language-server: $schema=../docs/spec.schema.json"
 
 # Keys whose values merge as lists (parent first, then child: ordering is
 # load-bearing for pip_phases and run_commands) or as dicts (child wins per key).
@@ -305,6 +303,3 @@ def load_spec(ref: str, root: Path | None = None) -> Loaded:
 def all_spec_names(root: Path) -> list[str]:
     return sorted(p.stem for p in (root / SPECS_DIR).glob("*.yaml"))
 
-
-def file_digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -1,10 +1,8 @@
-"""Progress lines for long work, and timing a step into a StepResult."""
+"""Progress lines for long work."""
 
 from __future__ import annotations
 
 import sys
-import time
-from contextlib import contextmanager
 from typing import Callable
 
 Progress = Callable[[str], None]
@@ -18,12 +16,5 @@ def quiet(_line: str) -> None:
     pass
 
 
-@contextmanager
-def timer():
-    """`with timer() as t: ...; t()` gives the seconds since the block started."""
-    start = time.monotonic()
-    yield lambda: time.monotonic() - start
-
-
 def tail(text: str, n: int = 30) -> list[str]:
-    return [ln for ln in text.rstrip().splitlines()][-n:]
+    return text.rstrip().splitlines()[-n:]

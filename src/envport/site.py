@@ -17,7 +17,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import EnvportError, SpecError
-from .loader import SPECS_DIR, problems_from, read_yaml
+from .loader import problems_from, read_yaml
 from .plan import BaseStep, CaStep, PipStep, Plan
 
 SITES_DIR = "sites"
@@ -127,6 +127,3 @@ def _site_pip_args(site: Site) -> list[str]:
         return ["--no-index", "--find-links", WHEELHOUSE_IN_BUILD]
     return site.pip_source_args()
 
-
-def specs_dir_of(root: Path) -> Path:
-    return root / SPECS_DIR
