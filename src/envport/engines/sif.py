@@ -1,0 +1,474 @@
+"""The SIF container file format, read and written with the stdlib alone.
+
+Layout (apptainer/sif v2, checked against Debian's `siftool` 2.8.3):
+
+- a 128-byte global header at offset 0: launch script (32 bytes), magic
+  `SIF_MAGIC\\0`, version `01\\0`, arch (`02\\0` = amd64), a 16-byte uuid, then
+  eight little-endian int64: created, modified, descriptors free, descriptors
+  total, descriptors offset, descriptors size, data offset, data size;
+- 48 descriptor slots of 585 bytes from offset 4096;
+- the data section from 32176 (= 4096 + 48 * 585).
+
+What `apptainer build` writes, and so what `write_sif` writes: Def.FILE (the
+def text), one JSON.Generic named `inspect-metadata.json` (what `apptainer
+inspect` reads instead of opening the image), then the primary system
+squashfs partition; all in object group 1. Data objects follow one another
+unaligned and the partition starts on a 4096-byte boundary, as in apptainer's
+own SIFs (`siftool list` of one: Def.FILE 32176-32214, JSON.Generic
+32214-36205, FS 36864-...).
+
+Every malformed input raises `SifError(reason, message)`: `reason` is one
+stable token a caller can branch on (an exit code, a verdict), `message` says
+what was found, where, and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+LAUNCH_SCRIPT = b"#!/usr/bin/env run-singularity\n"
+MAGIC = b"SIF_MAGIC\0"
+VERSION = b"01\0"
+
+HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")
+DESCRIPTOR = struct.Struct("<i?IIIqqqqqqq128s384s")
+PARTITION_EXTRA = struct.Struct("<ii3s")
+DESCRIPTORS_OFFSET = 4096
+DESCRIPTOR_SLOTS = 48
+DATA_OFFSET = DESCRIPTORS_OFFSET + DESCRIPTOR_SLOTS * DESCRIPTOR.size  # 32176
+PARTITION_ALIGN = 4096
+GROUP_MASK = 0xF0000000
+DEFAULT_GROUP = 1
+
+DATA_DEFFILE = 0x4001
+DATA_ENVVAR = 0x4002
+DATA_LABELS = 0x4003
+DATA_PARTITION = 0x4004
+DATA_SIGNATURE = 0x4005
+DATA_GENERIC_JSON = 0x4006
+# Names as `siftool list` prints them (2 and 3 measured: --datatype 2 lists as
+# Env.Vars, 3 as JSON.Labels).
+DATATYPE_NAMES = {
+    DATA_DEFFILE: "Def.FILE", DATA_ENVVAR: "Env.Vars", DATA_LABELS: "JSON.Labels",
+    DATA_PARTITION: "FS", DATA_SIGNATURE: "Signature", DATA_GENERIC_JSON: "JSON.Generic",
+    0x4007: "Generic/Raw", 0x4008: "Cryptographic Message", 0x4009: "SBOM",
+    0x400A: "OCI.RootIndex", 0x400B: "OCI.Blob",
+}
+FS_SQUASHFS = 1
+FS_NAMES = {1: "Squashfs", 2: "Ext3", 3: "Data", 4: "Raw", 5: "Encrypted squashfs"}
+PART_PRIMSYS = 2
+PART_NAMES = {1: "System", 2: "Primary system", 3: "Data", 4: "Overlay"}
+ARCH_CODES = {
+    "386": b"01", "amd64": b"02", "arm": b"03", "arm64": b"04", "ppc64": b"05",
+    "ppc64le": b"06", "mips": b"07", "mipsle": b"08", "mips64": b"09",
+    "mips64le": b"10", "s390x": b"11", "riscv64": b"12",
+}
+ARCH_NAMES = {code: name for name, code in ARCH_CODES.items()}
+MACHINE_TO_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+                   "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64", "i686": "386"}
+
+SQUASHFS_SUPERBLOCK = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")
+SQUASHFS_MAGIC = 0x73717368  # "hsqs"
+SQUASHFS_COMPRESSION = {1: "gzip", 2: "lzma", 3: "lzo", 4: "xz", 5: "lz4", 6: "zstd"}
+
+COPY_CHUNK = 8 << 20
+READ_OBJECT_LIMIT = 64 << 20
+
+
+class SifError(Exception):
+    """A file that is not a usable SIF; `reason` is a stable one-word token."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class SifDescriptor:
+    """One used descriptor slot. Partition fields are None for other objects."""
+
+    id: int
+    datatype: int
+    datatype_name: str
+    group: int | None  # None: in no group
+    link: int
+    offset: int
+    size: int
+    size_with_padding: int
+    created: int
+    modified: int
+    name: str
+    fs_type: int | None = None
+    partition_type: int | None = None
+    arch: str | None = None  # Go arch name ("amd64"), or "unknown:XX"
+
+    @property
+    def fs_name(self) -> str | None:
+        return None if self.fs_type is None else FS_NAMES.get(self.fs_type, f"unknown({self.fs_type})")
+
+    @property
+    def partition_name(self) -> str | None:
+        if self.partition_type is None:
+            return None
+        return PART_NAMES.get(self.partition_type, f"unknown({self.partition_type})")
+
+
+@dataclass(frozen=True)
+class SifInfo:
+    path: str
+    file_size: int
+    launch_script: str
+    version: str
+    arch: str
+    uuid: str
+    created: int
+    modified: int
+    descriptors_free: int
+    descriptors_total: int
+    descriptors_offset: int
+    descriptors_size: int
+    data_offset: int
+    data_size: int
+    descriptors: tuple[SifDescriptor, ...]
+
+    def find(self, *, datatype: int | None = None, name: str | None = None) -> SifDescriptor | None:
+        """The first descriptor of that type and/or name, or None."""
+        for d in self.descriptors:
+            if (datatype is None or d.datatype == datatype) and (name is None or d.name == name):
+                return d
+        return None
+
+
+@dataclass(frozen=True)
+class SquashfsSuperblock:
+    inodes: int
+    mkfs_time: int
+    block_size: int
+    compression_id: int
+    compression: str
+    version: str
+    bytes_used: int
+
+
+def host_arch() -> str:
+    """This machine's architecture as SIF (Go) names it: amd64, arm64, ..."""
+    machine = platform.machine().lower()
+    return MACHINE_TO_ARCH.get(machine, machine)
+
+
+def _arch_name(code: bytes) -> str:
+    code = code.rstrip(b"\0")
+    if code == b"00":
+        return "unknown"
+    return ARCH_NAMES.get(code, "unknown:" + code.decode("ascii", "replace"))
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+# --- reading -----------------------------------------------------------------
+
+
+def _open_regular(path: Path):
+    """Open PATH for reading, or raise the SifError that says why not."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SifError("not_found", f"{path}: no such file") from None
+    except OSError as exc:
+        raise SifError("unreadable", f"{path}: cannot stat ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise SifError("not_a_file", f"{path}: is a directory (a sandbox?), not a SIF file; "
+                                     "pass the .sif file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise SifError("not_a_file", f"{path}: not a regular file")
+    try:
+        return open(path, "rb"), st.st_size
+    except OSError as exc:
+        raise SifError("unreadable", f"{path}: cannot open ({exc.strerror})") from None
+
+
+def _not_a_sif(path: Path, head: bytes) -> SifError:
+    if head[:4] == b"hsqs":
+        hint = "it is a bare squashfs image (magic hsqs), not a SIF; mount it directly or rebuild the SIF"
+    elif head[:4] == b"\x7fELF":
+        hint = "it is an ELF executable"
+    elif head[:2] == b"\x1f\x8b":
+        hint = "it is gzip data (a docker save tarball?)"
+    else:
+        hint = "no SIF_MAGIC at byte 32"
+    return SifError("not_a_sif", f"{path}: not a SIF file: {hint}")
+
+
+def _sif_header_prefix(raw: bytes) -> bool:
+    """RAW (shorter than a header) could be the start of one."""
+    if len(raw) > 32:
+        return MAGIC.startswith(raw[32:42])
+    return LAUNCH_SCRIPT.ljust(32, b"\0").startswith(raw) or raw.strip(b"\0") == b""
+
+
+def _parse_header(path: Path, raw: bytes, size: int) -> tuple:
+    if size == 0:
+        raise SifError("empty_file", f"{path}: the file is empty (0 bytes); the build or copy that made it "
+                                     "did not finish: rebuild or copy it again")
+    if raw[32:42] != MAGIC:
+        if size < HEADER.size and _sif_header_prefix(raw):
+            raise SifError("truncated", f"{path}: only {size} bytes, cut short inside the 128-byte SIF "
+                                        "header: copy or rebuild it")
+        raise _not_a_sif(path, raw)
+    if size < HEADER.size:
+        raise SifError("truncated", f"{path}: only {size} bytes, cut short inside the 128-byte SIF header: "
+                                    "copy or rebuild it")
+    fields = HEADER.unpack(raw[:HEADER.size])
+    if fields[2] != VERSION:
+        found = fields[2].rstrip(b"\0").decode("ascii", "replace")
+        raise SifError("unsupported_version", f"{path}: SIF version {found!r}; this reader knows version 01 "
+                                              "(apptainer >= 1.0, singularity >= 3.0)")
+    return fields
+
+
+def _check_layout(path: Path, fields: tuple, size: int) -> None:
+    dfree, dtotal, doff, dsize, dataoff, datasize = fields[7:13]
+    if not (0 < dtotal <= 1 << 16 and 0 <= dfree <= dtotal and doff >= HEADER.size
+            and dsize == dtotal * DESCRIPTOR.size and dataoff >= doff + dsize and datasize >= 0):
+        raise SifError("corrupt_header", f"{path}: inconsistent SIF header (descriptors total={dtotal} "
+                                         f"free={dfree} offset={doff} size={dsize}, data offset={dataoff} "
+                                         f"size={datasize}): the file is damaged; rebuild it")
+    if doff + dsize > size:
+        raise SifError("truncated", f"{path}: {size} bytes, but the descriptor table ends at byte "
+                                    f"{doff + dsize}: the file was cut short; copy or rebuild it")
+    if dataoff + datasize > size:
+        raise SifError("truncated", f"{path}: {size} bytes, but the header says the data ends at byte "
+                                    f"{dataoff + datasize}: the file was cut short "
+                                    f"({dataoff + datasize - size} bytes missing); copy or rebuild it")
+
+
+def _parse_descriptor(path: Path, slot: int, raw: bytes, fields: tuple, size: int) -> SifDescriptor | None:
+    (dtype, used, did, group, link, off, dsize, padded, ctime, mtime, _uid, _gid,
+     name, extra) = DESCRIPTOR.unpack(raw)
+    if not used:
+        return None
+    where = f"{path}: descriptor {slot + 1} (id {did}, {DATATYPE_NAMES.get(dtype, hex(dtype))})"
+    dataoff = fields[11]
+    if off < dataoff or dsize < 0 or padded < dsize or off + dsize > size:
+        raise SifError("corrupt_descriptor", f"{where} points at bytes {off}..{off + dsize}, outside the "
+                                             f"data section ({dataoff}..{size}): the file is damaged; rebuild it")
+    desc = dict(id=did, datatype=dtype, datatype_name=DATATYPE_NAMES.get(dtype, f"unknown({dtype:#x})"),
+                group=(group & ~GROUP_MASK) or None, link=link, offset=off,
+                size=dsize, size_with_padding=padded, created=ctime, modified=mtime, name=_cstr(name))
+    if dtype == DATA_PARTITION:
+        fs, ptype, arch = PARTITION_EXTRA.unpack(extra[:PARTITION_EXTRA.size])
+        desc.update(fs_type=fs, partition_type=ptype, arch=_arch_name(arch))
+    return SifDescriptor(**desc)
+
+
+def read_sif(path: str | os.PathLike) -> SifInfo:
+    """Header and used descriptors of the SIF at PATH; raises SifError on anything malformed."""
+    path = Path(path)
+    fh, size = _open_regular(path)
+    with fh:
+        try:
+            head = fh.read(HEADER.size)
+            fields = _parse_header(path, head, size)
+            _check_layout(path, fields, size)
+            fh.seek(fields[9])
+            table = fh.read(fields[10])
+        except OSError as exc:
+            raise SifError("unreadable", f"{path}: read failed ({exc.strerror})") from None
+    descriptors = []
+    for slot in range(fields[8]):
+        raw = table[slot * DESCRIPTOR.size:(slot + 1) * DESCRIPTOR.size]
+        d = _parse_descriptor(path, slot, raw, fields, size)
+        if d is not None:
+            descriptors.append(d)
+    return SifInfo(path=str(path), file_size=size, launch_script=_cstr(fields[0]),
+                   version=_cstr(fields[2]), arch=_arch_name(fields[3]), uuid=_uuid_str(fields[4]),
+                   created=fields[5], modified=fields[6], descriptors_free=fields[7],
+                   descriptors_total=fields[8], descriptors_offset=fields[9],
+                   descriptors_size=fields[10], data_offset=fields[11], data_size=fields[12],
+                   descriptors=tuple(descriptors))
+
+
+def _uuid_str(raw: bytes) -> str:
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def read_object(info: SifInfo, descriptor: SifDescriptor, *, limit: int = READ_OBJECT_LIMIT) -> bytes:
+    """The bytes of one (small) data object: the def file, a JSON object."""
+    if descriptor.size > limit:
+        raise SifError("too_large", f"{info.path}: object {descriptor.id} ({descriptor.datatype_name}) is "
+                                    f"{descriptor.size} bytes, over the {limit}-byte limit for reading "
+                                    "into memory; mount partitions instead of reading them")
+    fh, size = _open_regular(Path(info.path))
+    with fh:
+        if descriptor.offset + descriptor.size > size:
+            raise SifError("truncated", f"{info.path}: object {descriptor.id} ends at byte "
+                                        f"{descriptor.offset + descriptor.size}, past the end ({size} bytes)")
+        fh.seek(descriptor.offset)
+        return fh.read(descriptor.size)
+
+
+def primary_partition(info: SifInfo, *, arch: str | None = None) -> SifDescriptor:
+    """The primary system squashfs partition, checked to run on ARCH (default: this machine)."""
+    want = arch or host_arch()
+    prim = [d for d in info.descriptors if d.datatype == DATA_PARTITION and d.partition_type == PART_PRIMSYS]
+    if not prim:
+        kinds = ", ".join(d.datatype_name for d in info.descriptors) or "none"
+        raise SifError("no_primary_partition", f"{info.path}: no primary system partition (objects: {kinds}); "
+                                               "a SIF without a root filesystem cannot run: rebuild it")
+    part = prim[0]
+    if part.fs_type != FS_SQUASHFS:
+        raise SifError("unsupported_filesystem", f"{info.path}: the primary partition is {part.fs_name}, "
+                                                 "not squashfs; only squashfs partitions can be mounted here")
+    if part.arch != want:
+        raise SifError("foreign_arch", f"{info.path}: the primary partition is built for {part.arch}, this "
+                                       f"machine is {want}: build the SIF on (or for) {want}")
+    return part
+
+
+def read_squashfs_superblock(path: str | os.PathLike, offset: int = 0) -> SquashfsSuperblock:
+    """The superblock of the squashfs image starting at OFFSET in PATH."""
+    path = Path(path)
+    fh, size = _open_regular(path)
+    with fh:
+        fh.seek(offset)
+        raw = fh.read(SQUASHFS_SUPERBLOCK.size)
+    if len(raw) < SQUASHFS_SUPERBLOCK.size:
+        raise SifError("truncated", f"{path}: ends before the squashfs superblock at byte {offset}")
+    (magic, inodes, mtime, block_size, _frags, comp, _blog, _flags, _ids, major, minor,
+     _root, bytes_used, *_tables) = SQUASHFS_SUPERBLOCK.unpack(raw)
+    if magic != SQUASHFS_MAGIC:
+        raise SifError("bad_squashfs", f"{path}: no squashfs magic (hsqs) at byte {offset}: "
+                                       "the partition is damaged or not squashfs")
+    if offset + bytes_used > size:
+        raise SifError("truncated", f"{path}: the squashfs at byte {offset} says it uses {bytes_used} bytes, "
+                                    f"the file ends {offset + bytes_used - size} bytes short")
+    return SquashfsSuperblock(inodes=inodes, mkfs_time=mtime, block_size=block_size,
+                              compression_id=comp, compression=SQUASHFS_COMPRESSION.get(comp, f"unknown({comp})"),
+                              version=f"{major}.{minor}", bytes_used=bytes_used)
+
+
+# --- writing -----------------------------------------------------------------
+
+
+def _descriptor(*, id: int, datatype: int, offset: int, size: int, padded: int, created: int,
+                name: str = "", extra: bytes = b"") -> bytes:
+    return DESCRIPTOR.pack(datatype, True, id, GROUP_MASK | DEFAULT_GROUP, 0, offset, size, padded,
+                           created, created, 0, 0, name.encode("utf-8"), extra)
+
+
+def _layout(deffile: bytes, metadata: bytes, squashfs_size: int) -> list[tuple[int, int, int]]:
+    """(offset, size, size with padding) of the def, the JSON and the partition."""
+    spans, end = [], DATA_OFFSET
+    for size, align in ((len(deffile), 1), (len(metadata), 1), (squashfs_size, PARTITION_ALIGN)):
+        offset = -(-end // align) * align
+        spans.append((offset, size, offset - end + size))
+        end = offset + size
+    return spans
+
+
+def _check_squashfs_input(squashfs_path: Path) -> int:
+    try:
+        st = os.stat(squashfs_path)
+        with open(squashfs_path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise SifError("unreadable", f"{squashfs_path}: cannot read the squashfs image ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode) or magic != b"hsqs":
+        raise SifError("bad_squashfs", f"{squashfs_path}: not a squashfs image (no hsqs magic); "
+                                       "make it with mksquashfs ROOT FILE -noappend")
+    return st.st_size
+
+
+def _copy_into(dst, src_path: Path, offset: int, size: int) -> None:
+    """Stream SRC into DST at OFFSET; the kernel copies, nothing is held in memory."""
+    dst.seek(offset)
+    dst.flush()
+    with open(src_path, "rb") as src:
+        left = size
+        while left:
+            try:
+                sent = os.sendfile(dst.fileno(), src.fileno(), None, min(left, COPY_CHUNK))
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise
+                sent = _copy_chunk(dst, src, min(left, COPY_CHUNK))
+            if sent == 0:
+                raise SifError("truncated", f"{src_path}: shrank while being copied into the SIF")
+            left -= sent
+    dst.seek(offset + size)
+
+
+def _copy_chunk(dst, src, n: int) -> int:
+    data = src.read(n)
+    dst.write(data)
+    dst.flush()
+    return len(data)
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Partial files of builds whose process is gone (killed mid-write)."""
+    for p in target.parent.glob(f".{target.name}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            p.unlink(missing_ok=True)
+
+
+def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: bytes,
+              squashfs_path: str | os.PathLike, created: int, uuid: bytes,
+              arch: str = "amd64") -> SifInfo:
+    """Assemble a SIF as `apptainer build` lays it out; the same inputs give the same bytes.
+
+    The file appears under PATH only when complete: it is written to a
+    hidden partial name in the same directory and renamed at the end."""
+    path, squashfs_path = Path(path), Path(squashfs_path)
+    if len(uuid) != 16:
+        raise ValueError(f"uuid must be 16 bytes, got {len(uuid)}")
+    if arch not in ARCH_CODES:
+        raise ValueError(f"unknown SIF architecture {arch!r}; known: {', '.join(sorted(ARCH_CODES))}")
+    sq_size = _check_squashfs_input(squashfs_path)
+    spans = _layout(deffile, inspect_metadata, sq_size)
+    code = ARCH_CODES[arch] + b"\0"
+    table = b"".join([
+        _descriptor(id=1, datatype=DATA_DEFFILE, offset=spans[0][0], size=spans[0][1], padded=spans[0][2],
+                    created=created),
+        _descriptor(id=2, datatype=DATA_GENERIC_JSON, offset=spans[1][0], size=spans[1][1],
+                    padded=spans[1][2], created=created, name="inspect-metadata.json"),
+        _descriptor(id=3, datatype=DATA_PARTITION, offset=spans[2][0], size=spans[2][1], padded=spans[2][2],
+                    created=created, extra=PARTITION_EXTRA.pack(FS_SQUASHFS, PART_PRIMSYS, code)),
+    ]).ljust(DESCRIPTOR_SLOTS * DESCRIPTOR.size, b"\0")
+    header = HEADER.pack(LAUNCH_SCRIPT, MAGIC, VERSION, code, uuid, created, created,
+                         DESCRIPTOR_SLOTS - 3, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, len(table),
+                         DATA_OFFSET, sum(s[2] for s in spans))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(path)
+    partial = path.parent / f".{path.name}.partial-{os.getpid()}"
+    try:
+        with open(partial, "wb") as out:
+            out.write(header.ljust(DESCRIPTORS_OFFSET, b"\0") + table)
+            out.seek(spans[0][0])
+            out.write(deffile)
+            out.seek(spans[1][0])
+            out.write(inspect_metadata)
+            _copy_into(out, squashfs_path, spans[2][0], sq_size)
+            out.truncate(spans[2][0] + sq_size)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(partial, 0o755)  # apptainer makes SIFs executable: the launch script runs them
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return read_sif(path)
