@@ -1,0 +1,79 @@
+"""Fixtures for the `.def` builder tests: a real rootfs exported from the docker base image.
+
+Needs the docker engine and the base image (`envport/debian-bookworm:base`, or
+$ENVPORT_BASE_IMAGE; `.ci/services/base-image.sh` builds it). Without them
+the fixtures skip with the reason. Import the fixtures by name into a test
+module to use them.
+
+- `base_rootfs_tar` (session): `docker export` of a container of the base
+  image, written once to a tar file; `image_config` (session): its ENV,
+  labels, ENTRYPOINT and CMD.
+- `rootfs` (function): that tar unpacked into a fresh directory (about 1 s),
+  `/.dockerenv` removed, deleted afterwards with `remove_rootfs` (which
+  refuses while anything is still mounted below it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envport.build.apptainer.post_runner import remove_rootfs
+
+BASE_IMAGE = os.environ.get("ENVPORT_BASE_IMAGE", "envport/debian-bookworm:base")
+
+
+def _docker(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, **kw)
+
+
+def require_base_image() -> None:
+    if shutil.which("docker") is None:
+        pytest.skip("docker CLI not installed: these tests export the base image's rootfs")
+    try:
+        if _docker("info", "--format", "{{.ServerVersion}}", timeout=20).returncode != 0:
+            pytest.skip("docker engine does not answer (start it: bash .ci/services/dockerd.sh)")
+    except subprocess.TimeoutExpired:
+        pytest.skip("docker engine does not answer within 20 s")
+    if _docker("image", "inspect", BASE_IMAGE).returncode != 0:
+        pytest.skip(f"base image {BASE_IMAGE} missing (build it: bash .ci/services/base-image.sh)")
+
+
+@pytest.fixture(scope="session")
+def image_config() -> dict:
+    require_base_image()
+    out = _docker("image", "inspect", "--format", "{{json .Config}}", BASE_IMAGE, text=True)
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="session")
+def base_rootfs_tar(tmp_path_factory) -> Path:
+    require_base_image()
+    tar = tmp_path_factory.mktemp("base-rootfs") / "rootfs.tar"
+    cid = _docker("create", BASE_IMAGE, text=True).stdout.strip()
+    assert cid, f"docker create {BASE_IMAGE} failed"
+    try:
+        with open(tar, "wb") as fh:
+            proc = subprocess.run(["docker", "export", cid], stdout=fh, stderr=subprocess.PIPE, timeout=300)
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        _docker("rm", "-f", cid)
+    yield tar
+    tar.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def rootfs(base_rootfs_tar: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    proc = subprocess.run(["tar", "-x", "-C", str(root), "-f", str(base_rootfs_tar)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (root / ".dockerenv").unlink(missing_ok=True)
+    yield root
+    remove_rootfs(root)
