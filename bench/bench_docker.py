@@ -41,14 +41,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from envport import __version__  # noqa: E402
-from envport.builders import docker as builder  # noqa: E402
-from envport.builders import docker_context  # noqa: E402
-from envport.hashing import content_hash  # noqa: E402
-from envport.loader import load_spec  # noqa: E402
-from envport.plan import make_plan  # noqa: E402
-from envport.progress import quiet  # noqa: E402
-from envport.render import render_plan  # noqa: E402
-from envport.site import apply_site, load_site  # noqa: E402
+from envport.build.docker import builder as builder  # noqa: E402
+from envport.build.docker import context as docker_context  # noqa: E402
+from envport.engines import docker as engine  # noqa: E402
+from envport.recipe.identity import content_hash  # noqa: E402
+from envport.spec.loader import load_spec  # noqa: E402
+from envport.plan.steps import make_plan  # noqa: E402
+from envport.core.progress import quiet  # noqa: E402
+from envport.recipe.render import render_plan  # noqa: E402
+from envport.plan.site import apply_site, load_site  # noqa: E402
 
 
 def envport(root: Path, *args: str) -> tuple[float, dict]:
@@ -107,11 +108,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "docker.json"))
     args = ap.parse_args()
 
-    client, why = builder.connect()
+    client, refusal = engine.connect("bench")
     if client is None:
-        print(f"skipped: no docker engine answers ({why})")
+        print(f"skipped: {refusal.detail}")
         return 0
-    cli = builder.buildkit_cli()
+    cli = engine.buildkit_cli()
     if cli is None:
         print("skipped: no docker client here runs BuildKit")
         return 0
@@ -122,7 +123,7 @@ def main() -> int:
         loaded = load_spec(name, tmp)
         site = load_site(None, tmp)
         base = next(s.image for s in apply_site(make_plan(loaded), site).steps if s.kind == "base")
-        if builder.get_image(client, base) is None:
+        if engine.get_image(client, base) is None:
             print(f"skipped: base image {base} absent (envport base debian-bookworm)")
             return 0
 
@@ -168,10 +169,10 @@ def main() -> int:
                 pass
         shutil.rmtree(tmp, ignore_errors=True)
 
-    engine = client.version()
+    engine_version = client.version()
     results = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "engine": engine.get("Version"),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "engine": engine_version.get("Version"),
                  "client": cli, "envport": __version__, "spec": args.spec},
         "noop": {
             "envport_cli_s": round(noop_cli, 3),

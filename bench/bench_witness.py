@@ -20,10 +20,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from envport.launchers import DockerLauncher, LocalLauncher  # noqa: E402
-from envport.launchers.docker import engine_problem, image_exists  # noqa: E402
-from envport.spec import Spec  # noqa: E402
-from envport.witness_run import WitnessOptions, run_witnesses  # noqa: E402
+from envport.witness.launchers.docker import DockerLauncher  # noqa: E402
+
+from envport.witness.launchers.local import LocalLauncher
+from envport.engines.docker import engine_problem, image_exists  # noqa: E402
+from envport.spec.model import Spec  # noqa: E402
+from envport.witness.run import WitnessOptions, run_witnesses  # noqa: E402
 
 
 def host_python(given: str | None) -> str | None:

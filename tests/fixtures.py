@@ -42,9 +42,9 @@ def session_project(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_image(docker_client, base_image, session_project) -> DemoImage:
     """demo-cpu built for real from the debootstrap base, torch from the wheelhouse; kept after the session."""
-    from envport.hashing import content_hash
-    from envport.loader import load_spec
-    from envport.site import load_site
+    from envport.recipe.identity import content_hash
+    from envport.spec.loader import load_spec
+    from envport.plan.site import load_site
 
     proc = run_envport("build", ENV_NAME, "--target", "docker", "--rebuild", "--json", root=session_project,
                        timeout=BUILD_TIMEOUT)

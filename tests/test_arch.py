@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envport.arch import (
+from envport.witness.arch import (
     PUBLISHED_ARCH_LISTS,
     capabilities_in_range,
     gpu_runnable,

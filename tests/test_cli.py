@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from envport.commands.render import TARGETS as CLI_TARGETS
-from envport.loader import merge
+from envport.spec.loader import merge
 from envport.renderers import TARGETS
 
 from .support import REPO, run_envport

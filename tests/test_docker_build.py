@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from envport.builders import docker as docker_builder
-from envport.builders.docker_log import BuildkitLog, instruction_steps
+from envport.engines import docker as docker_engine
+from envport.build.docker.log import BuildkitLog, instruction_steps
 
 from .support import as_json, run_envport, tags_of, unique, write_site, write_spec
 
@@ -267,6 +267,6 @@ def test_vertices_map_to_plan_steps():
 def test_the_docker_client_never_sees_the_hosts_secrets(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws_secret")
-    env = docker_builder._cli_env()
+    env = docker_engine.cli_env()
     assert "HF_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
-    assert set(env) <= set(docker_builder.CLI_ENV_KEEP)
+    assert set(env) <= set(docker_engine.CLI_ENV_KEEP)

@@ -8,7 +8,7 @@ import shutil
 import jsonschema
 import pytest
 
-from envport.doctor import collect, env_arch, gpu_configurations, render_infra_md, render_text
+from envport.report.doctor import collect, env_arch, gpu_configurations, render_infra_md, render_text
 from .support import REPO, run_envport, torch_python
 
 SCHEMA = json.loads((REPO / "docs" / "doctor.schema.json").read_text())
@@ -89,7 +89,7 @@ def test_env_arch_refuses_a_range_the_build_cannot_cover(project):
 
 
 def test_env_arch_unknown_flavour_is_not_a_refusal():
-    from envport.spec import Spec
+    from envport.spec.model import Spec
 
     spec = Spec(name="x", base="debian:bookworm", python="3.11", pip_phases=[["torch==2.13.0"]],
                 sm_range=["sm_80", "sm_90"])

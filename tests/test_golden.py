@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from envport.loader import all_spec_names, load_spec
-from envport.render import drift, render_spec
+from envport.spec.loader import all_spec_names, load_spec
+from envport.recipe.render import drift, render_spec
 
 from .support import REPO
 

@@ -15,6 +15,7 @@ and every file must be byte-identical to the committed images/.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from envport.loader import all_spec_names, load_spec
-from envport.render import KEPT_FILES, render_spec
+from envport.spec.loader import all_spec_names, load_spec
+from envport.recipe.render import KEPT_FILES, render_spec
 
 from .support import REPO
 
@@ -108,3 +109,14 @@ def test_installed_render_check_passes_on_its_own_output(installed, rendered):
     proc = subprocess.run([str(installed["bin"] / "envport"), "render", "--all", "--check"],
                           cwd=installed["project"], env=installed["env"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_missing_build_extra_is_named_not_mistaken_for_a_stopped_engine(installed):
+    """Installed without `[build]` (no docker SDK): REFUSED missing_extra with the pip command."""
+    shutil.copytree(REPO / "sites", installed["project"] / "sites", dirs_exist_ok=True)
+    proc = subprocess.run([str(installed["bin"] / "envport"), "build", "demo-cpu", "--target", "docker", "--json"],
+                          cwd=installed["project"], env=installed["env"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    step = json.loads(proc.stdout)["steps"][-1]
+    assert step["reason"] == "missing_extra", step
+    assert "pip install 'envport[build]'" in step["detail"] and "docker" in step["detail"]

@@ -11,10 +11,15 @@ import time
 
 import pytest
 
-from envport.launchers import WITNESS_DIR, DockerLauncher, Invocation, LocalLauncher, run_with_deadline
-from envport.launchers.docker import MOUNT_POINT, engine_problem, image_exists
-from envport.verdict import Verdict
-from envport.witness_run import parse_sentinels
+from envport.witness.launchers.base import WITNESS_DIR, Invocation, run_with_deadline
+
+from envport.witness.launchers.docker import DockerLauncher
+
+from envport.witness.launchers.local import LocalLauncher
+from envport.witness.launchers.docker import MOUNT_POINT
+from envport.engines.docker import engine_problem, image_exists
+from envport.core.verdict import Verdict
+from envport.witness.run import parse_sentinels
 
 TORCH_IMAGE = "envport/demo-cpu:latest"  # built by the docker-target tests, never here
 PYTHON_IMAGES = [TORCH_IMAGE, "envport/debian-bookworm:base"]
@@ -172,8 +177,8 @@ def test_docker_ctrl_c_removes_the_container(python_image):
 def test_docker_collectives_with_torch_image(engine):
     if not image_exists(TORCH_IMAGE):
         pytest.skip(f"{TORCH_IMAGE} is not on this engine (built by the docker target, not by these tests)")
-    from envport.spec import Spec
-    from envport.witness_run import WitnessOptions, run_witnesses
+    from envport.spec.model import Spec
+    from envport.witness.run import WitnessOptions, run_witnesses
 
     spec = Spec(name="wit", base="debian:bookworm", python="3.11",
                 witnesses={"kernel": True, "collectives": {"world_size": 2}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 
-from envport import ledger
+from envport.report import ledger
 
 H1, H2 = "a" * 64, "b" * 64
 

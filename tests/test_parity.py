@@ -11,10 +11,11 @@ import shlex
 
 import pytest
 
-from envport.loader import all_spec_names, load_spec
-from envport.plan import make_plan
-from envport.recipe_steps import def_markers, def_recipe, dockerfile_steps, pip_args_of, script_markers
+from envport.spec.loader import all_spec_names, load_spec
+from envport.plan.steps import make_plan
+from tests.recipe_steps import def_markers, def_recipe, dockerfile_steps, pip_args_of, script_markers
 from envport.renderers import render_target
+from envport.recipe.identity import portable
 
 from .support import REPO
 
@@ -25,7 +26,7 @@ IDS = [f"{r.name}:{n}" for r, n in CASES]
 
 def _plan_and_hash(root, name):
     loaded = load_spec(name, root)
-    return make_plan(loaded), loaded.hash
+    return make_plan(loaded), portable(loaded).hash
 
 
 @pytest.mark.parametrize("root,name", CASES, ids=IDS)

@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from envport.parity import Difference, TargetFacts, canonical, differences, parse_freeze, python_precision
-from envport.verdict import StepResult, Verdict
+from envport.report.parity import Difference, TargetFacts, canonical, differences, parse_freeze, python_precision
+from envport.core.verdict import StepResult, Verdict
 
 from .support import ENV_NAME, cli_env, fail_with, run_envport
 
@@ -40,7 +40,7 @@ def _facts(target, python="3.11.7", packages=None, env=None):
 
 
 def test_differences_name_what_differs_and_ignore_skipped_targets(session_project):
-    from envport.loader import load_spec
+    from envport.spec.loader import load_spec
 
     loaded = load_spec(ENV_NAME, session_project)
     same = [_facts("docker", python="3.11.2"), _facts("venv"), TargetFacts("conda", skipped="no_conda: ...")]

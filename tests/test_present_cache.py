@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from envport import present_cache
+from envport.build.docker import present as present_cache
 
 
 @pytest.fixture

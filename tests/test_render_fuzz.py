@@ -60,11 +60,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envport.loader import Loaded
-from envport.plan import make_plan
-from envport.render import render_plan, render_spec
+from envport.spec.loader import Loaded
+from envport.plan.steps import make_plan
+from envport.recipe.render import render_plan, render_spec
 from envport.renderers import RENDERER_VERSION
-from envport.spec import SHELL_MANAGED_ENV, Spec, canonical_name
+from envport.spec.model import SHELL_MANAGED_ENV, Spec, canonical_name
+from envport.recipe.identity import portable
 
 from .support import REPO
 
@@ -607,7 +608,7 @@ def test_generated_specs_render_to_recipes_that_parse_and_keep_every_value(fuzz_
         loaded = Loaded(spec=spec, path=fuzz_root / "specs" / f"{spec.name}.yaml", root=fuzz_root,
                         chain=[fuzz_root / "specs" / f"{spec.name}.yaml"])
         plan = make_plan(loaded)
-        hash_ = loaded.hash
+        hash_ = portable(loaded).hash
         rendering = render_plan(plan, hash_)  # what render_spec(loaded) gives, without re-planning
         if batches.count % 50 == 0:
             assert render_spec(loaded) == rendering
@@ -646,7 +647,7 @@ def test_docker_engine_reads_env_and_labels_as_the_model_does(docker_client, fuz
                                 "env": env, "labels": labels})
     loaded = Loaded(spec=spec, path=fuzz_root / "specs" / "docker-oracle.yaml", root=fuzz_root, chain=[])
     plan = make_plan(loaded)
-    text = render_plan(plan, loaded.hash).files["Dockerfile"][0].decode()
+    text = render_plan(plan, portable(loaded).hash).files["Dockerfile"][0].decode()
     from dockerfile_parse import DockerfileParser
 
     (tmp_path / "parsed").mkdir()

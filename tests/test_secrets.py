@@ -19,10 +19,10 @@ import tarfile
 
 import pytest
 
-from envport.loader import load_spec
-from envport.plan import make_plan
-from envport.render import render_plan
-from envport.site import apply_site, load_site
+from envport.spec.loader import load_spec
+from envport.plan.steps import make_plan
+from envport.recipe.render import render_plan
+from envport.plan.site import apply_site, load_site
 
 from .support import as_json, run_envport, write_spec
 

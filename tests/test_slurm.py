@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envport import slurm as envport_slurm
-from envport.errors import SpecError
+from envport.witness import slurm_job as envport_slurm
+from envport.core.errors import SpecError
 
 from .support import ENV_NAME, REPO, cli_env, fail_with, run_envport
 
@@ -121,8 +121,8 @@ def test_the_wheel_carries_the_slurm_folder(tmp_path):
     wheel = next(tmp_path.glob("envport-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for member in ("envport/slurm_files/__init__.py", "envport/slurm_files/witness.sbatch.j2",
-                   "envport/slurm_files/clusters/local.yaml", "envport/slurm.py",
-                   "envport/launchers/srun.py", "envport/launchers/ssh.py", "envport/verify/backends.py"):
+                   "envport/slurm_files/clusters/local.yaml", "envport/witness/slurm_job.py",
+                   "envport/witness/launchers/srun.py", "envport/witness/launchers/ssh.py", "envport/verify/backends.py"):
         assert member in names, member
 
 

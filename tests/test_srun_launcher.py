@@ -10,10 +10,12 @@ import subprocess
 
 import pytest
 
-from envport.launchers import DockerLauncher, LocalLauncher
-from envport.launchers.srun import SrunLauncher, venv_prelude, world_of
-from envport.loader import load_spec
-from envport.witness_run import WitnessOptions, run_witnesses
+from envport.witness.launchers.docker import DockerLauncher
+
+from envport.witness.launchers.local import LocalLauncher
+from envport.witness.launchers.srun import SrunLauncher, venv_prelude, world_of
+from envport.spec.loader import load_spec
+from envport.witness.run import WitnessOptions, run_witnesses
 
 from .support import ENV_NAME
 

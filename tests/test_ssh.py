@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from envport.launchers.ssh import SshLauncher, prefix_expr, remote_word, witness_payload
-from envport.launchers.base import WITNESS_DIR
-from envport.site import SshHost as SiteSshHost
+from envport.witness.launchers.ssh import SshLauncher, prefix_expr, remote_word, witness_payload
+from envport.witness.launchers.base import WITNESS_DIR
+from envport.plan.site import SshHost as SiteSshHost
 
 from .support import ENV_NAME, cli_env, fail_with, run_envport
 
@@ -145,7 +145,7 @@ def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):
 @pytest.mark.ssh
 def test_deadline_ends_the_remote_ranks(ssh_venv, ssh_host):
     """A hung rank past the launcher's deadline: the ssh client AND the remote process group end."""
-    from envport.loader import load_spec
+    from envport.spec.loader import load_spec
 
     spec = load_spec(ENV_NAME, ssh_venv.root).spec
     site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))

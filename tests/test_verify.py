@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import yaml
 
-from envport.loader import load_spec
+from envport.spec.loader import load_spec
 from envport.verify.checks import spec_checks
 
 from .support import REPO, as_json, run_envport, write_spec

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from envport.loader import load_spec
-from envport.site import Site
-from envport.verdict import Verdict
-from envport.wheelhouse import MANIFEST, ensure_wheelhouse
+from envport.spec.loader import load_spec
+from envport.plan.site import Site
+from envport.core.verdict import Verdict
+from envport.build.wheelhouse import MANIFEST, ensure_wheelhouse
 
 SPEC = """\
 name: tiny

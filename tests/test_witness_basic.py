@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from envport.launchers import WITNESS_DIR
-from envport.witness_run import parse_sentinels
-from envport.witnesses.envport_sentinel import PREFIX
+from envport.witness.launchers.base import WITNESS_DIR
+from envport.witness.run import parse_sentinels
+from envport.witness.scripts.envport_sentinel import PREFIX
 from .support import torch_python
 
 

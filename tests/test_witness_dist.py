@@ -14,10 +14,12 @@ import time
 
 import pytest
 
-from envport.launchers import WITNESS_DIR, LocalLauncher
-from envport.spec import Spec
-from envport.verdict import Verdict
-from envport.witness_run import WitnessOptions, parse_sentinels, run_witnesses
+from envport.witness.launchers.base import WITNESS_DIR
+
+from envport.witness.launchers.local import LocalLauncher
+from envport.spec.model import Spec
+from envport.core.verdict import Verdict
+from envport.witness.run import WitnessOptions, parse_sentinels, run_witnesses
 from .support import torch_python
 
 

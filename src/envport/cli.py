@@ -12,8 +12,8 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
-from .errors import EnvportError
+from envport import __version__
+from envport.core.errors import EnvportError
 
 # Order is the order of `envport --help`.
 COMMANDS = [

@@ -6,14 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import EnvportError
+from envport.core.errors import EnvportError
 
 # The loader (pydantic) is imported inside the functions: `envport --help` and
 # the fast `present` path of `envport build` must not pay for it.
 
 
 def project_root(args: argparse.Namespace) -> Path:
-    from ..loader import find_root
+    from envport.spec.loader import find_root
     return Path(args.root).resolve() if getattr(args, "root", None) else find_root()
 
 
@@ -26,8 +26,8 @@ def add_spec_args(parser: argparse.ArgumentParser, allow_all: bool = True) -> No
 
 def load_selected(args: argparse.Namespace) -> list:
     """Load every selected spec; report every problem of every file, then exit 2."""
-    from ..errors import SpecError
-    from ..loader import all_spec_names, load_spec
+    from envport.core.errors import SpecError
+    from envport.spec.loader import all_spec_names, load_spec
     root = project_root(args)
     refs = list(args.specs)
     if getattr(args, "all", False):
@@ -49,6 +49,6 @@ def load_selected(args: argparse.Namespace) -> list:
 
 
 def load_one(args: argparse.Namespace, ref: str):
-    from ..loader import load_spec
+    from envport.spec.loader import load_spec
     root = project_root(args) if not ref.endswith((".yaml", ".yml")) else None
     return load_spec(ref, root)

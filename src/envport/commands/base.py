@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..base_image import RECIPES, build_base
-from ..progress import stderr_progress
-from ..verdict import report
+from envport.build.base_image import RECIPES, build_base
+from envport.core.progress import stderr_progress
+from envport.core.verdict import report
 
 
 def register(sub) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import load_one, project_root
+from envport.commands._common import load_one, project_root
 
 BUILD_TARGETS = ("docker", "apptainer", "venv", "conda")
 
@@ -29,7 +29,7 @@ def _fast_present(args) -> int | None:
     """Docker `present` without loading the spec (see envport.present_cache)."""
     from pathlib import Path
 
-    from ..present_cache import present
+    from envport.build.docker.present import present
     if args.target != "docker" or args.rebuild or args.no_cache or args.spec.endswith((".yaml", ".yml")):
         return None
     root = Path(args.root).resolve() if args.root else Path.cwd()
@@ -38,7 +38,7 @@ def _fast_present(args) -> int | None:
     hit = present(root, args.spec, args.site)
     if hit is None:
         return None
-    from ..verdict import StepResult, Verdict, report
+    from envport.core.verdict import StepResult, Verdict, report
 
     result = StepResult(f"image {hit['tag']}", Verdict.PRESENT, f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)",
                         data={"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]})
@@ -52,43 +52,40 @@ def run(args) -> int:
     fast = _fast_present(args)
     if fast is not None:
         return fast
-    from ..hashing import content_hash
-    from ..ledger import append
-    from ..progress import stderr_progress
-    from ..site import load_site
-    from ..verdict import Verdict, report
+    from envport.core.progress import stderr_progress
+    from envport.core.verdict import report
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.report import ledger
 
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
-    if args.target == "docker":
-        from ..builders import docker
-        results = docker.build(loaded, site, root, rebuild=args.rebuild, no_cache=args.no_cache,
-                               progress=stderr_progress)
-        hash_ = content_hash(loaded, site)
-        if results[-1].verdict in (Verdict.OK, Verdict.PRESENT):
-            from ..present_cache import remember
-            remember(root, loaded.spec.name, args.site, hash_, docker.image_tag(loaded.spec.name, hash_))
-    elif args.target == "apptainer":
-        from ..builders import apptainer
-        results = apptainer.build(loaded, site, root, rebuild=args.rebuild, progress=stderr_progress)
-        hash_ = content_hash(loaded, site)
-    else:
-        from ..builders import shell
-        results = shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,
-                              progress=stderr_progress)
-        hash_ = loaded.hash
+    identity = resolve(loaded, site, args.target).identity
+    results = _build(args, loaded, site, root, identity, stderr_progress)
     code = report(results, args.json)
     last = results[-1]
-    if args.target in ("venv", "conda") or args.target == "apptainer":
-        # The docker builder records its own build (image id, size); these record here.
-        append(root, loaded.spec.name, {
-            "kind": "build", "target": args.target, "hash": hash_, "verdict": last.verdict.value,
-            "summary": last.detail, "seconds": round(sum(r.seconds for r in results), 3),
-            "resources": loaded.spec.resources.model_dump(), "sm_range": loaded.spec.sm_range,
-            "weights": {n: w.path for n, w in loaded.spec.weight_dirs.items()},
-            **{k: v for k, v in last.data.items()},
-        })
+    ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last,
+                  seconds=sum(r.seconds for r in results))
     if not args.json:
-        print(f"{last.verdict.value} {loaded.spec.name}@{hash_[:12]} --target {args.target}")
+        print(f"{last.verdict.value} {identity.ref} --target {args.target}")
     return code
+
+
+def _build(args, loaded, site, root, identity, progress):
+    if args.target == "docker":
+        from envport.build.docker import builder as docker
+        from envport.build.docker.present import remember
+
+        results = docker.build(loaded, site, root, rebuild=args.rebuild, no_cache=args.no_cache, progress=progress)
+        if results[-1].verdict.ok:
+            remember(root, loaded.spec.name, args.site, identity.hash, identity.image_tag)
+        return results
+    if args.target == "apptainer":
+        from envport.build.apptainer import binary as apptainer
+
+        return apptainer.build(loaded, site, root, rebuild=args.rebuild, progress=progress)
+    from envport.build import shell
+
+    return shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,
+                       progress=progress)

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..verdict import EXIT_OK, EXIT_REFUSED
+from envport.core.verdict import EXIT_OK, EXIT_REFUSED
 
 
 def register(sub) -> None:
@@ -27,12 +27,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..doctor import collect, render_infra_md, render_text
+    from envport.report.doctor import collect, render_infra_md, render_text
 
     spec = None
     root = None
     if args.env or args.write_docs:
-        from ._common import load_one, project_root
+        from envport.commands._common import load_one, project_root
 
         if args.env:
             loaded = load_one(args, args.env)

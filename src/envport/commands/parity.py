@@ -38,12 +38,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import parity
-    from ..errors import EnvportError
-    from ..progress import stderr_progress
-    from ..site import load_site
-    from ..verdict import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
-    from ._common import load_one
+    from envport.report import parity
+    from envport.core.errors import EnvportError
+    from envport.core.progress import stderr_progress
+    from envport.plan.site import load_site
+    from envport.core.verdict import exit_code
+    from envport.recipe.identity import resolve
+    from envport.commands._common import load_one
 
     targets = [t.strip() for item in args.target for t in item.split(",") if t.strip()]
     bad = [t for t in targets if t not in TARGET_CHOICES]
@@ -51,6 +52,7 @@ def run(args) -> int:
         raise EnvportError(f"--target {', '.join(bad)}: choose from {', '.join(TARGET_CHOICES)}")
     loaded = load_one(args, args.name)
     site = load_site(args.site, loaded.root)
+    identity = resolve(loaded, site, "docker").identity
     out = sys.stdout
 
     def on_target(f) -> None:
@@ -69,44 +71,20 @@ def run(args) -> int:
 
     opts = parity.ParityOptions(targets=tuple(targets) or TARGET_CHOICES, hosts=args.host,
                                 local_envs_dir=args.envs_dir, ssh_envs_dir=args.ssh_envs_dir,
-                                rebuild=args.rebuild, record=not args.no_ledger, on_target=on_target)
+                                rebuild=args.rebuild, on_target=on_target)
     if not args.json:
-        print(f"envport parity {loaded.spec.name}@{loaded.hash12}", file=out)
+        print(f"envport parity {identity.ref}", file=out)
     t0 = time.monotonic()
     facts = parity.run_parity(loaded, site, opts, progress=stderr_progress)
     total = time.monotonic() - t0
     diffs = parity.differences(loaded, facts)
-    ok_targets = parity.compared(facts)
-    broken = [f for f in facts if not f.skipped and (f.build is None or not f.build.verdict.ok)]
-    if broken:
-        verdict, code = "FAILED", EXIT_FAILED
-        line = "could not build or probe: " + ", ".join(f"{f.target} ({f.build.detail if f.build else '?'})"
-                                                          for f in broken)
-    elif len(ok_targets) < 2:
-        verdict, code = "REFUSED", EXIT_REFUSED
-        line = (f"fewer than two targets could run here ({', '.join(f.target for f in ok_targets) or 'none'}); "
-                "nothing to compare")
-    elif diffs:
-        verdict, code = "FAILED", EXIT_FAILED
-        line = f"{len(diffs)} difference(s): " + "; ".join(d.line() for d in diffs[:5]) + \
-               (f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else "")
-    else:
-        n_pkgs = len(ok_targets[0].packages)
-        line = (f"{len(ok_targets)} targets agree ({', '.join(f.target for f in ok_targets)}): python "
-                f"{loaded.spec.python}, {n_pkgs} packages, {len(ok_targets[0].env)} env vars")
-        verdict, code = "OK", EXIT_OK
+    result = parity.judge(loaded, facts, diffs, total)
+    code = exit_code([result])
     if not args.no_ledger:
-        from .. import ledger
-
-        ledger.append(loaded.root, loaded.spec.name, {
-            "kind": "parity", "hash": loaded.hash, "verdict": verdict, "summary": line, "exit_code": code,
-            "seconds": round(total, 3), "targets": [f.target for f in ok_targets],
-            "skipped": {f.target: f.skipped for f in facts if f.skipped},
-            "differences": [d.line() for d in diffs],
-        })
+        _record(loaded, identity.hash, facts, result, diffs)
     if args.json:
-        json.dump({"env": loaded.spec.name, "hash": loaded.hash, "verdict": verdict, "exit_code": code,
-                   "seconds": round(total, 3), "summary": line, "targets": [f.to_dict() for f in facts],
+        json.dump({"env": loaded.spec.name, "hash": identity.hash, "verdict": result.verdict.value,
+                   "exit_code": code, "seconds": round(total, 3), "summary": result.detail, "targets": [f.to_dict() for f in facts],
                    "differences": [{"kind": d.kind, "name": d.name, "values": d.values} for d in diffs]},
                   out, indent=2)
         out.write("\n")
@@ -119,5 +97,22 @@ def run(args) -> int:
         print("", file=out)
     for d in diffs:
         print(f"DIFF     {d.line()}", file=out)
-    print(f"{verdict} parity {loaded.spec.name}: {line} ({total:.1f}s)", file=out)
+    print(f"{result.verdict.value} parity {loaded.spec.name}: {result.detail} ({total:.1f}s)", file=out)
     return code
+
+
+def _record(loaded, hash_: str, facts, result, diffs) -> None:
+    """Each target's build, then the comparison, as ledger records."""
+    from envport.report import ledger
+    from envport.report.parity import compared
+
+    for f in facts:
+        if f.build is not None and f.build.step.startswith("build"):
+            target = f.target.split("@")[0]
+            ledger.record(loaded.root, loaded.spec, kind="build", target=target, hash_=hash_, result=f.build,
+                          via="parity")
+    ledger.record(loaded.root, loaded.spec, kind="parity", target="all", hash_=hash_, result=result,
+                  targets=[f.target for f in compared(facts)],
+                  skipped={f.target: f.skipped for f in facts if f.skipped},
+                  differences=[d.line() for d in diffs])
+

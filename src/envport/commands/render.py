@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._common import add_spec_args, load_selected, project_root
+from envport.commands._common import add_spec_args, load_selected, project_root
 
 # Kept in step with envport.renderers.TARGETS (tests/test_cli.py checks); the
 # renderers import Jinja2, which `--help` should not pay for.
@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..render import drift, render_spec, write
+    from envport.recipe.render import drift, render_spec, write
     root = project_root(args)
     targets = tuple(args.target) if args.target else TARGETS
     full = set(targets) == set(TARGETS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._common import project_root
+from envport.commands._common import project_root
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..schema import SCHEMA_PATH, schema_text
+    from envport.spec.schema import SCHEMA_PATH, schema_text
     text = schema_text()
     if args.stdout:
         sys.stdout.write(text)

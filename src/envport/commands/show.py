@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ._common import load_one, project_root
+from envport.commands._common import load_one, project_root
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
                        "every built artefact) and the inputs that fed the hash.")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--site", default=None,
-                   help="also show the hash as this site builds it (the name of its docker image and .sif)")
+                   help="the site profile whose build hash is shown beside the portable one (default: local)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=run)
 
@@ -21,29 +21,32 @@ def register(sub) -> None:
 def run(args) -> int:
     import yaml
 
-    from ..hashing import content_hash, hash_inputs
-    from ..site import load_site
+    from envport.plan.site import load_site
+    from envport.recipe.identity import hash_inputs, portable, resolve, site_differences
 
     loaded = load_one(args, args.spec)
+    identity = portable(loaded)
+    site = load_site(args.site, project_root(args))
+    built = resolve(loaded, site, "docker").identity
     data = {
-        "name": loaded.spec.name,
-        "hash": loaded.hash,
-        "hash12": loaded.hash12,
+        "name": identity.name,
+        "hash": identity.hash,
+        "hash12": identity.hash12,
         "files": [str(p) for p in loaded.chain],
         "spec": loaded.spec.model_dump(mode="json"),
         "hash_inputs": hash_inputs(loaded),
+        "site": {"name": site.name, "hash": built.hash, "key": built.key, "image": built.image_tag,
+                 "sif": built.sif_name, "differs_by": site_differences(loaded, site)},
     }
-    if args.site:
-        site = load_site(args.site, project_root(args))
-        data["site"] = {"name": site.name, "hash": content_hash(loaded, site)}
     if args.json:
         print(json.dumps(data, indent=2, ensure_ascii=False))
-    else:
-        print(f"# {data['name']}@{data['hash12']}  (sha256 {data['hash']})")
-        print(f"# from: {', '.join(data['files'])}")
-        if "site" in data:
-            print(f"# built on site {data['site']['name']}: {data['name']}@{data['site']['hash'][:12]} "
-                  "(the site's CA bundle, pip sources and base rewrites enter the hash)")
-        print(yaml.safe_dump({"spec": data["spec"], "hash_inputs": data["hash_inputs"]},
-                             sort_keys=False, allow_unicode=True), end="")
+        return 0
+    print(f"# portable (images/, no site): {identity.ref}  (sha256 {identity.hash})")
+    print(f"# built on site {site.name}: {built.ref}  (image {built.image_tag}, {built.sif_name}, "
+          "the venv's recorded hash and the ledger key all use it)")
+    for line in data["site"]["differs_by"] or ["the site adds nothing to the recipe: the two hashes are equal"]:
+        print(f"#   {line}")
+    print(f"# from: {', '.join(data['files'])}")
+    print(yaml.safe_dump({"spec": data["spec"], "hash_inputs": data["hash_inputs"]},
+                         sort_keys=False, allow_unicode=True), end="")
     return 0

@@ -46,8 +46,8 @@ def register(sub) -> None:
 
 
 def run_clusters(args) -> int:
-    from .. import slurm
-    from ._common import project_root
+    from envport.witness import slurm_job as slurm
+    from envport.commands._common import project_root
 
     try:
         root = project_root(args)
@@ -68,15 +68,15 @@ def run_clusters(args) -> int:
 
 
 def run_submit(args) -> int:
-    from .. import slurm
-    from ..hashing import content_hash
-    from ..progress import stderr_progress
-    from ..site import load_site
-    from ..verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, exit_code, report
-    from ..witness_checks import check_world_size, parse_checks
-    from ..witness_run import WitnessOptions, plan, requires_gpu, summary
-    from ..witnesses.envport_sentinel import FAULT_ENV
-    from ._common import load_one, project_root
+    from envport.witness import slurm_job as slurm
+    from envport.recipe.identity import resolve
+    from envport.core.progress import stderr_progress
+    from envport.plan.site import load_site
+    from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, report
+    from envport.witness.checks import check_world_size, parse_checks
+    from envport.witness.run import WitnessOptions, overall, plan, requires_gpu
+    from envport.witness.scripts.envport_sentinel import FAULT_ENV
+    from envport.commands._common import load_one, project_root
 
     only = parse_checks(args.check, "--check")
     check_world_size(args.world_size)
@@ -89,13 +89,14 @@ def run_submit(args) -> int:
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     if os.environ.get(FAULT_ENV):
         env[FAULT_ENV] = os.environ[FAULT_ENV]  # test-only fault switch, as `envport witness` passes it
+    identity = resolve(loaded, load_site(args.site, root), args.target).identity
     image = prefix = None
     if args.target == "docker":
-        image = args.image or f"envport/{spec.name}:{content_hash(loaded, load_site(args.site, root))[:12]}"
+        image = args.image or identity.image_tag
     else:
         prefix = args.prefix or slurm.default_prefix(spec.name, profile)
     calls = plan(spec, opts)
-    job = slurm.JobSpec(loaded=loaded, profile=profile, target=args.target, calls=calls,
+    job = slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target, calls=calls,
                         job_dir=slurm.new_job_dir(profile, spec.name), env=env, image=image, prefix=prefix)
 
     refusal = None
@@ -113,7 +114,7 @@ def run_submit(args) -> int:
     if args.dry_run:
         text = slurm.render(job, slurm.node_cpu_limit(profile.partition))
         if args.json:
-            json.dump({"env": spec.name, "hash": loaded.hash, "target": args.target, "cluster": profile.name,
+            json.dump({"env": spec.name, "hash": identity.hash, "target": args.target, "cluster": profile.name,
                        "script_path": str(job.script_path), "log": str(job.log_path), "script": text,
                        "refused": refusal.to_dict() if refusal else None}, sys.stdout, indent=2)
             sys.stdout.write("\n")
@@ -136,32 +137,25 @@ def run_submit(args) -> int:
     else:
         text = slurm.render(job, slurm.node_cpu_limit(profile.partition))
         results, facts = slurm.run_job(job, text, progress=progress)
-    total = time.monotonic() - t0
-    code = exit_code(results)
-    bad_step = next((r for r in results if not r.verdict.ok), None)
-    overall = Verdict.OK.value if bad_step is None else bad_step.verdict.value
-    line = summary(results)
+    result = overall(results, time.monotonic() - t0)
+    code = result.data["exit_code"]
     if not args.no_ledger and refusal is None:
-        from .. import ledger
+        from envport.report import ledger
 
-        ledger.append(root, spec.name, {
-            "kind": "witness", "target": args.target, "hash": loaded.hash, "verdict": overall, "summary": line,
-            "exit_code": code, "seconds": round(total, 3),
-            "launcher": f"slurm sbatch+srun on cluster {profile.name}", "slurm": facts,
-            "steps": [r.to_dict() for r in results],
-            "options": {"only": only, "world_size": args.world_size, "deadline": args.deadline},
-            **({"image": image} if image else {"prefix": prefix}),
-        })
+        ledger.record(root, spec, kind="witness", target=args.target, hash_=identity.hash, result=result,
+                      launcher=f"slurm sbatch+srun on cluster {profile.name}", slurm=facts,
+                      options={"only": only, "world_size": args.world_size, "deadline": args.deadline},
+                      **({"image": image} if image else {"prefix": prefix}))
     if args.json:
-        json.dump({"env": spec.name, "hash": loaded.hash, "target": args.target, "cluster": profile.name,
-                   "verdict": overall, "exit_code": code, "seconds": round(total, 3), **facts,
-                   "script_path": str(job.script_path), "steps": [r.to_dict() for r in results]},
+        json.dump({"env": spec.name, "hash": identity.hash, "target": args.target, "cluster": profile.name,
+                   "verdict": result.verdict.value, "exit_code": code, "seconds": round(result.seconds, 3),
+                   **facts, "script_path": str(job.script_path), "steps": result.data["steps"]},
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
         return code
     report(results, False)
     job_id = facts.get("job_id")
     where = f"Slurm job {job_id}" if job_id else "Slurm"
-    print(f"{overall}: {spec.name} witnesses ({args.target}) as {where} on cluster {profile.name} "
-          f"in {total:.1f}s ({line})")
+    print(f"{result.verdict.value}: {spec.name} witnesses ({args.target}) as {where} on cluster {profile.name} "
+          f"in {result.seconds:.1f}s ({result.detail})")
     return code

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import add_spec_args, load_selected
+from envport.commands._common import add_spec_args, load_selected
 
 
 def register(sub) -> None:
@@ -14,6 +14,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from envport.recipe.identity import portable
+
     for loaded in load_selected(args):
-        print(f"OK       {loaded.spec.name}@{loaded.hash12} ({loaded.path})")
+        print(f"OK       {portable(loaded).ref} ({loaded.path})")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import load_one, project_root
+from envport.commands._common import load_one, project_root
 
 VERIFY_TARGETS = ("docker", "venv")
 
@@ -32,20 +32,24 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..progress import stderr_progress
-    from ..site import load_site
-    from ..verdict import report
-
-    from ..verify.docker import verify
+    from envport.core.progress import stderr_progress
+    from envport.core.verdict import report
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.report import ledger
 
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
     junit = Path(args.junit).resolve() if args.junit else None
     if args.target == "venv":
-        from ..verify.backends import verify_env
+        from envport.verify.backends import verify_env
 
-        return report([verify_env(loaded, site, root, host=args.host, junit=junit, progress=stderr_progress)],
-                      args.json)
-    result = verify(loaded, site, root, image=args.image, junit=junit, progress=stderr_progress)
+        result = verify_env(loaded, site, root, host=args.host, junit=junit, progress=stderr_progress)
+    else:
+        from envport.verify.docker import verify
+
+        result = verify(loaded, site, root, image=args.image, junit=junit, progress=stderr_progress)
+    ledger.record(root, loaded.spec, kind="verify", target=args.target, hash_=resolve(loaded, site, args.target).hash,
+                  result=result)
     return report([result], args.json)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import load_one, project_root
+from envport.commands._common import load_one, project_root
 
 
 def register(sub) -> None:
@@ -19,10 +19,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..progress import stderr_progress
-    from ..site import load_site
-    from ..verdict import report
-    from ..wheelhouse import ensure_wheelhouse
+    from envport.core.progress import stderr_progress
+    from envport.plan.site import load_site
+    from envport.core.verdict import report
+    from envport.build.wheelhouse import ensure_wheelhouse
 
     root = project_root(args)
     loaded = load_one(args, args.spec)

@@ -8,13 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..verdict import StepResult, Verdict, exit_code
+from envport.core.verdict import StepResult
 
 TARGETS = ("docker", "venv")
 
 
 def register(sub) -> None:
-    from ..witness_checks import CHECKS
+    from envport.witness.checks import CHECKS
 
     p = sub.add_parser(
         "witness", help="run the spec's witnesses inside a built env (python, imports, CLI, kernel, "
@@ -46,8 +46,9 @@ def register(sub) -> None:
 
 def venv_python(name: str) -> Path:
     """Where the shell target's venv flavour puts the env (setup-venv.sh honours ENVPORT_ENVS_DIR)."""
-    base = Path(os.environ.get("ENVPORT_ENVS_DIR") or "~/.envport/envs").expanduser()
-    return base / name / "bin" / "python"
+    from envport.core.layout import env_prefix
+
+    return env_prefix(name) / "bin" / "python"
 
 
 def _table_row(r: StepResult) -> str:
@@ -56,12 +57,12 @@ def _table_row(r: StepResult) -> str:
 
 
 def run(args) -> int:
-    from ..launchers import DockerLauncher, LocalLauncher
-    from ..launchers.local import activated_env
-    from ..witness_checks import check_world_size, parse_checks
-    from ..witness_run import WitnessOptions, host_gpu_count, requires_gpu, run_witnesses, summary
-    from ..witnesses.envport_sentinel import FAULT_ENV
-    from ._common import load_one
+    from envport.commands._common import load_one
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.witness.checks import check_world_size, parse_checks
+    from envport.witness.run import WitnessOptions, overall, run_witnesses
+    from envport.witness.scripts.envport_sentinel import FAULT_ENV
 
     only = parse_checks(args.only, "--only")
     check_world_size(args.world_size)
@@ -69,16 +70,59 @@ def run(args) -> int:
     spec = loaded.spec
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None)
-    ledger_facts: dict = {}
-    hash_ = loaded.hash  # host envs; a docker image is named by the hash as the site builds it
-    if args.target == "venv" and args.host:
-        from ..launchers.ssh import launcher_for_host
-        from ..site import load_site
+    identity = resolve(loaded, load_site(args.site, loaded.root), args.target).identity
+    launcher, facts = _launcher(args, loaded, identity, opts)
 
-        launcher = launcher_for_host(load_site(args.site, loaded.root), args.host, spec.name, prefix=args.python and
-                                     str(Path(args.python).parent.parent))
-        ledger_facts["ssh_host"] = args.host
-    elif args.target == "venv":
+    out = sys.stdout
+    if not args.json:
+        print(f"envport witness {identity.ref} --target {args.target} ({launcher.describe()})", file=out)
+        print(f"{'VERDICT':<8} {'TIME':>8}  {'CHECK':<28} DETAIL", file=out)
+        opts.on_step = lambda r: _print_step(r, out)
+        opts.on_start = lambda call: print(f"  ... {call.label}: {', '.join(call.checks)}", file=sys.stderr,
+                                           flush=True)
+    t0 = time.monotonic()
+    result = overall(run_witnesses(spec, launcher, opts), time.monotonic() - t0)
+    if not args.no_ledger:
+        from envport.report import ledger
+
+        ledger.record(loaded.root, spec, kind="witness", target=args.target, hash_=identity.hash, result=result,
+                      launcher=launcher.describe(), sm_range=spec.sm_range, **facts,
+                      options={"only": only, "world_size": args.world_size, "device": args.device,
+                               "deadline": args.deadline})
+    if args.json:
+        json.dump({"env": spec.name, "hash": identity.hash, "target": args.target,
+                   "launcher": launcher.describe(), "verdict": result.verdict.value,
+                   "exit_code": result.data["exit_code"], "seconds": round(result.seconds, 3),
+                   "steps": result.data["steps"]}, out, indent=2)
+        out.write("\n")
+    else:
+        print(f"{result.verdict.value}: {spec.name} witnesses on {args.target} in {result.seconds:.1f}s "
+              f"({result.detail})", file=out)
+    return result.data["exit_code"]
+
+
+def _print_step(r: StepResult, out) -> None:
+    print(_table_row(r), file=out)
+    for ln in r.lines:
+        print(f"    | {ln}", file=out)
+    out.flush()
+
+
+def _launcher(args, loaded, identity, opts):
+    """The launcher for --target/--host, and the facts the ledger records about where it ran."""
+    from envport.witness.launchers.docker import DockerLauncher
+    from envport.witness.launchers.local import LocalLauncher, activated_env
+    from envport.witness.run import host_gpu_count, requires_gpu
+
+    spec = loaded.spec
+    if args.target == "venv" and args.host:
+        from envport.plan.site import load_site
+        from envport.witness.launchers.ssh import launcher_for_host
+
+        launcher = launcher_for_host(load_site(args.site, loaded.root), args.host, spec.name,
+                                     prefix=args.python and str(Path(args.python).parent.parent))
+        return launcher, {"ssh_host": args.host}
+    if args.target == "venv":
         python = Path(args.python).expanduser() if args.python else venv_python(spec.name)
         # What activating the env would do (CLI checks run `python`, `tool --help`);
         # an interpreter outside an envport env still gets the spec's env vars.
@@ -87,63 +131,9 @@ def run(args) -> int:
             env.update(spec.env)
         launcher = LocalLauncher(python, base_env=env,
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
-        ledger_facts["prefix"] = str(python.parent.parent)
-    else:
-        from ..hashing import content_hash
-        from ..site import load_site
-
-        # Images are named by the hash as the site builds them (CA bundle, wheelhouse...).
-        hash_ = content_hash(loaded, load_site(args.site, loaded.root))
-        image = args.image or f"envport/{spec.name}:{hash_[:12]}"
-        gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
-        launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
-                                  missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG")
-        ledger_facts["image"] = image
-
-    out = sys.stdout
-    if not args.json:
-        print(f"envport witness {spec.name}@{hash_[:12]} --target {args.target} ({launcher.describe()})",
-              file=out)
-        print(f"{'VERDICT':<8} {'TIME':>8}  {'CHECK':<28} DETAIL", file=out)
-
-        def on_step(r: StepResult) -> None:
-            print(_table_row(r), file=out)
-            for ln in r.lines:
-                print(f"    | {ln}", file=out)
-            out.flush()
-        opts.on_step = on_step
-        opts.on_start = lambda call: print(f"  ... {call.label}: {', '.join(call.checks)}", file=sys.stderr,
-                                           flush=True)
-    t0 = time.monotonic()
-    results = run_witnesses(spec, launcher, opts)
-    total = time.monotonic() - t0
-    code = exit_code(results)
-    bad_step = next((r for r in results if not r.verdict.ok), None)
-    overall = Verdict.OK.value if bad_step is None else bad_step.verdict.value
-    line = summary(results)
-    if not args.no_ledger:
-        _append_ledger(loaded, {
-            "kind": "witness", "target": args.target, "hash": hash_, "verdict": overall,
-            "summary": line, "exit_code": code, "seconds": round(total, 3),
-            "launcher": launcher.describe(), "steps": [r.to_dict() for r in results],
-            "options": {"only": only, "world_size": args.world_size, "device": args.device,
-                        "deadline": args.deadline},
-            "sm_range": spec.sm_range, **ledger_facts,
-        })
-    if args.json:
-        json.dump({"env": spec.name, "hash": hash_, "target": args.target,
-                   "launcher": launcher.describe(), "verdict": overall, "exit_code": code,
-                   "seconds": round(total, 3), "steps": [r.to_dict() for r in results]}, out, indent=2)
-        out.write("\n")
-    else:
-        print(f"{overall}: {spec.name} witnesses on {args.target} in {total:.1f}s ({line})", file=out)
-    return code
-
-
-def _append_ledger(loaded, entry: dict) -> None:
-    try:
-        from .. import ledger
-    except ImportError:  # pragma: no cover - the ledger module ships with envport
-        print("envport: no ledger module; this run is not recorded", file=sys.stderr)
-        return
-    ledger.append(loaded.root, loaded.spec.name, entry)
+        return launcher, {"prefix": str(python.parent.parent)}
+    image = args.image or identity.image_tag
+    gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
+    launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
+                              missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG")
+    return launcher, {"image": image}

@@ -1,1 +1,0 @@
-"""envport.verify"""

@@ -29,13 +29,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..ledger import append
-from ..loader import Loaded
-from ..verdict import StepResult, Verdict
-from .checks import CheckFailed, Facts, parse_env0, spec_checks
-from .docker import USER_TESTS, default_junit
-from .plugin import VerifyPlugin
-from .report import ledger_checks, outcome, progress_line, shown_path
+from envport.core import layout
+from envport.engines.ssh import env_preflight, prefix_expr, resolve_host, ssh_argv
+from envport.recipe.identity import resolve
+from envport.spec.loader import Loaded
+from envport.core.verdict import StepResult, Verdict
+from envport.verify.checks import CheckFailed, Facts, parse_env0, spec_checks
+from envport.verify.docker import USER_TESTS, default_junit
+from envport.verify.plugin import VerifyPlugin
+from envport.verify.report import outcome, progress_line, shown_path
 
 Progress = Callable[[str], None]
 TARGET = "venv"
@@ -92,9 +94,7 @@ def _close_master(ssh_host, controlpath: str) -> None:
     """End the ssh control master testinfra started (it would linger for ControlPersist seconds)."""
     import subprocess
 
-    from ..launchers.ssh import ssh_base_argv
-
-    argv = ssh_base_argv(ssh_host)
+    argv = ssh_argv(ssh_host)
     argv[1:1] = ["-o", f"ControlPath={controlpath}", "-O", "exit"]
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(argv, capture_output=True, timeout=15)
@@ -107,29 +107,21 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
     import pytest
     import testinfra
 
-    from ..launchers.ssh import launcher_for_host
-
     start = time.monotonic()
     spec = loaded.spec
-    hash_ = loaded.hash
+    hash_ = resolve(loaded, site, flavour).hash
     where = f" on {host}" if host else ""
     step = f"verify {spec.name}@{hash_[:12]} ({flavour}{where})"
 
     if host:
-        launcher = launcher_for_host(site, host, spec.name, prefix=prefix, envs_dir=envs_dir)
-        problem = launcher.preflight()
+        ssh_host = resolve_host(site, host)
+        prefix_sh = prefix_expr(spec.name, prefix, envs_dir or os.environ.get(layout.ENVS_DIR_VAR))
+        problem, env_prefix = env_preflight(ssh_host, spec.name, prefix_sh, label=host)
         if problem is not None:
             return dataclasses.replace(problem, step=step, seconds=time.monotonic() - start)
-        url, kwargs, host_args = _testinfra_target(launcher.host)
-        ti_host = testinfra.get_host(url, **kwargs)
-        resolved = ti_host.run(f"P={launcher.prefix_sh}; cd \"$P\" && pwd -P")
-        if resolved.rc != 0:
-            return StepResult(step, Verdict.FAILED, f"cannot resolve the env folder on {host}",
-                              lines=(resolved.stderr or resolved.stdout).strip().splitlines()[-5:])
-        env_prefix = resolved.stdout.strip()
+        url, kwargs, host_args = _testinfra_target(ssh_host)
     else:
-        base = envs_dir or os.environ.get("ENVPORT_ENVS_DIR") or "~/.envport/envs"
-        env_prefix = prefix or str(Path(os.path.expanduser(base)) / spec.name)
+        env_prefix = prefix or str(layout.env_prefix(spec.name, envs_dir))
         if not os.access(Path(env_prefix) / "bin" / "python", os.X_OK):
             return StepResult(step, Verdict.REFUSED, f"no env at {env_prefix}", reason="env_missing",
                               lines=[f"fix: envport build {spec.name} --target {flavour}"],
@@ -161,15 +153,10 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
                 code = pytest.main(_pytest_args(root, loaded.path, host_args, junit, Path(tmp)), plugins=[plugin])
         finally:
             if host and os.path.exists(control["controlpath"]):
-                _close_master(launcher.host, control["controlpath"])
+                _close_master(ssh_host, control["controlpath"])
     seconds = time.monotonic() - start
     results = plugin.results
     verdict, lines, summary = outcome(code, results, out.getvalue())
     junit_shown = shown_path(junit, root)
     data = {"prefix": env_prefix, "junit": junit_shown, "checks": results, **({"ssh_host": host} if host else {})}
-    append(root, spec.name, {
-        "kind": "verify", "target": flavour, "hash": hash_, "verdict": verdict.value, "summary": summary,
-        "checks": ledger_checks(results),
-        "seconds": round(seconds, 3), "prefix": env_prefix, **({"ssh_host": host} if host else {}),
-    })
     return StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines, seconds=seconds, data=data)

@@ -20,9 +20,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..loader import Loaded
-from ..plan import CONTAINER_VENV
-from ..spec import Spec, canonical_name, last_pins
+from envport.spec.loader import Loaded
+from envport.plan.steps import CONTAINER_VENV
+from envport.spec.model import Spec, canonical_name, last_pins
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,14 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..hashing import content_hash
-from ..ledger import append
-from ..loader import Loaded
-from ..plan import CONTAINER_VENV
-from ..site import Site
-from ..verdict import StepResult, Verdict
-from .checks import Facts, spec_checks
-from .plugin import VerifyPlugin
-from .report import ledger_checks, outcome, progress_line, shown_path
+from envport.recipe.identity import resolve
+from envport.spec.loader import Loaded
+from envport.plan.steps import CONTAINER_VENV
+from envport.plan.site import Site
+from envport.core.verdict import StepResult, Verdict
+from envport.verify.checks import Facts, spec_checks
+from envport.verify.plugin import VerifyPlugin
+from envport.verify.report import outcome, progress_line, shown_path
 
 TARGET = "docker"
 USER_TESTS = Path("tests") / "images"
@@ -85,16 +84,17 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
     import pytest
 
     import docker
-    from ..builders.docker import connect, get_image, image_tag, unreachable
+    from envport.engines.docker import connect, get_image
 
     start = time.monotonic()
     spec = loaded.spec
-    hash_ = content_hash(loaded, site)
-    ref = image or image_tag(spec.name, hash_)
+    identity = resolve(loaded, site, TARGET).identity
+    hash_ = identity.hash
+    ref = image or identity.image_tag
     step = f"verify {spec.name}@{hash_[:12]} ({TARGET} {ref})"
-    client, why = connect()
+    client, refusal = connect(step)
     if client is None:
-        return unreachable(step, why)
+        return refusal
     img = get_image(client, ref)
     if img is None:
         fix = f"build it: `envport build {spec.name} --target docker`" if image is None else \
@@ -138,10 +138,4 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
     data = {"image": ref, "image_id": img.id, "size": size, "junit": junit_shown,
             "image_hash": (img.labels or {}).get("envport.hash"), "checks": results}
     result = StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines, seconds=seconds, data=data)
-    append(root, spec.name, {
-        "kind": "verify", "target": TARGET, "hash": hash_, "verdict": verdict.value, "summary": summary,
-        "checks": ledger_checks(results),
-        "seconds": round(seconds, 3), "image": ref, "image_id": img.id, "size": size,
-        "image_hash": data["image_hash"],
-    })
     return result

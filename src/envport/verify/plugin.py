@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from .checks import Check, CheckFailed, CheckSkipped, Facts, judge
+from envport.verify.checks import Check, CheckFailed, CheckSkipped, Facts, judge
 
 MARKER = "envport_env"
 

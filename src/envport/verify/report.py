@@ -1,5 +1,5 @@
 """What every verify backend reports the same way: progress lines, the verdict
-from pytest's exit and the items' outcomes, and the ledger's check list."""
+from pytest's exit and the items' outcomes, and the verdict."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Callable
 
 import pytest
 
-from ..progress import Progress
-from ..verdict import Verdict
+from envport.core.progress import Progress
+from envport.core.verdict import Verdict
 
 
 def progress_line(progress: Progress) -> Callable[[dict], None]:
@@ -44,10 +44,6 @@ def outcome(code: int, results: list[dict], output: str) -> tuple[Verdict, list[
         return Verdict.FAILED, [f"{r['id']}: {r['message']}" for r in bad] or tail, summary(results)
     return Verdict.OK, [], summary(results)
 
-
-def ledger_checks(results: list[dict]) -> list[dict]:
-    return [{"id": r["id"], "outcome": r["outcome"], **({"message": r["message"]} if r["message"] else {})}
-            for r in results]
 
 
 def shown_path(path: Path, root: Path) -> str:

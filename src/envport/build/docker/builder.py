@@ -1,0 +1,245 @@
+"""The docker builder: image `envport/<name>:<hash12>` (and `:latest`) from the site's plan.
+
+Order of checks, each cheap before anything expensive:
+
+1. the engine answers (else REFUSED `docker_unreachable`, exit 3);
+2. `envport/<name>:<hash12>` exists with that `envport.hash` label: `present`,
+   no build at all (one `images.get`, ~0.02 s), unless `rebuild`;
+3. the base image is local, or the site can pull it (else REFUSED
+   `base_image_missing` with the fix);
+4. the wheelhouse (site `wheelhouse: true`) via `ensure_wheelhouse`;
+5. the build: BuildKit through a docker CLI that runs it (Debian's
+   /usr/bin/docker 20.10 with DOCKER_BUILDKIT=1; probed once), else the
+   docker SDK's legacy builder.  A site that installs from the wheelhouse
+   needs BuildKit (`RUN --mount`): without it the build is REFUSED
+   `no_buildkit` with the fix, rather than copying the wheels into the image.
+
+The build gets no tag at all (`--iidfile`); only a successful build is tagged,
+so a killed build leaves no tag and a re-run continues from the engine's
+layer cache.  Nothing from the host environment reaches the build: the docker
+CLI runs with a minimal environment and no `--build-arg`, so a token such as
+HF_TOKEN never lands in a layer, the history or a label.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from envport import __version__
+from envport.recipe.identity import resolve
+from envport.spec.loader import Loaded
+from envport.plan.steps import BaseStep, Plan
+from envport.recipe.render import render_plan
+from envport.plan.site import Site
+from envport.core.verdict import StepResult, Verdict
+from envport.build.docker import context as docker_context
+from envport.engines.docker import NO_BUILDKIT_FIX, buildkit_cli, connect, get_image, run_buildkit
+from envport.build.docker.log import BuildkitLog, LegacyLog, StepRef, instruction_steps
+
+Progress = Callable[[str], None]
+TARGET = "docker"
+
+
+def repo(name: str) -> str:
+    return f"envport/{name}"
+
+
+def image_tag(name: str, hash_: str) -> str:
+    return f"{repo(name)}:{hash_[:12]}"
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def _fix_for_base(image: str) -> str:
+    from envport.build.base_image import RECIPES
+
+    local = {tag: name for name, tag in RECIPES.items()}
+    if image in local:
+        return f"build it here: `envport base {local[image]}`"
+    if image.startswith("envport/"):
+        made = ", ".join(f"`envport base {name}` makes {tag}" for name, tag in sorted(RECIPES.items()))
+        return f"envport/* images are built locally ({made}); build or `docker load` {image} here"
+    return (f"`docker pull {image}` on a host with registry access and `docker save | docker load` it here, "
+            "or map it to a local image in the site profile's base_images")
+
+
+def _labels(loaded: Loaded, hash_: str) -> dict[str, str]:
+    return {
+        "envport.hash": hash_,
+        "envport.name": loaded.spec.name,
+        "envport.version": __version__,
+        "envport.spec": json.dumps(loaded.spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":")),
+    }
+
+
+
+
+
+
+def _build_buildkit(cli: str, context: Path, iidfile: Path, plan_ops: list, site: Site, labels: dict,
+                    no_cache: bool, progress: Progress) -> tuple[bool, Optional[str], BuildkitLog]:
+    argv = [cli, "build", "--progress=plain", "--iidfile", str(iidfile), "--network", site.network]
+    for k, v in labels.items():
+        argv += ["--label", f"{k}={v}"]
+    if no_cache:
+        argv.append("--no-cache")
+    argv.append(".")
+    log = BuildkitLog(plan_ops, progress)
+    rc = run_buildkit(argv, context, log.feed)
+    image_id = iidfile.read_text().strip() if rc == 0 and iidfile.is_file() else None
+    return rc == 0 and bool(image_id), image_id, log
+
+
+def _build_legacy(client, context: Path, plan_all: list, site: Site, labels: dict, no_cache: bool,
+                  progress: Progress) -> tuple[bool, Optional[str], LegacyLog]:
+    log = LegacyLog(plan_all, progress)
+    image_id = None
+    for chunk in client.api.build(path=str(context), dockerfile="Dockerfile", labels=labels,
+                                  network_mode=site.network, nocache=no_cache, rm=True, forcerm=True,
+                                  pull=False, decode=True):
+        log.feed_chunk(chunk)
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and aux.get("ID"):
+            image_id = aux["ID"]
+    return log.failed is None and bool(image_id), image_id, log
+
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_cache: bool = False,
+          progress: Progress) -> list[StepResult]:
+    """Build (or find) the env's image; each step's StepResult, stopping at the first not ok."""
+    start = time.monotonic()
+    name = loaded.spec.name
+    resolved = resolve(loaded, site, TARGET)
+    hash_ = resolved.hash
+    tag = resolved.identity.image_tag
+    results: list[StepResult] = []
+
+    client, refusal = connect("docker engine")
+    if client is None:
+        return [refusal]
+
+    t0 = time.monotonic()
+    image = previous = get_image(client, tag)
+    if image is not None and image.labels.get("envport.hash") == hash_ and not rebuild:
+        if f"{repo(name)}:latest" not in image.tags:
+            image.tag(repo(name), "latest")
+        size = image.attrs.get("Size", 0)
+        return [StepResult(f"image {tag}", Verdict.PRESENT, f"{image.id[:19]} ({_size(size)})",
+                           seconds=time.monotonic() - t0,
+                           data={"image": tag, "image_id": image.id, "size": size})]
+    if image is not None and not rebuild:
+        progress(f"envport: [docker] {tag} exists but its envport.hash label is not {hash_[:12]}...; rebuilding")
+
+    plan: Plan = resolved.plan
+    base = next(s.image for s in plan.steps if isinstance(s, BaseStep))
+    t0 = time.monotonic()
+    if get_image(client, base) is not None:
+        results.append(StepResult(f"base {base}", Verdict.PRESENT, "local", seconds=time.monotonic() - t0))
+    elif not site.registry or base.startswith("envport/"):
+        results.append(StepResult(
+            f"base {base}", Verdict.REFUSED,
+            f"base image {base} is not in the engine and site {site.name!r} cannot pull it; {_fix_for_base(base)}",
+            reason="base_image_missing"))
+        return results
+    else:
+        results.append(StepResult(f"base {base}", Verdict.SKIPPED, "not local; the build pulls it"))
+
+    uses_wheelhouse = any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps)
+    cli = buildkit_cli()
+    if uses_wheelhouse and cli is None:
+        results.append(StepResult(f"build {tag}", Verdict.REFUSED,
+                                  f"site {site.name!r} installs from the wheelhouse with RUN --mount, which needs "
+                                  f"BuildKit, and no docker client here runs it; {NO_BUILDKIT_FIX}",
+                                  reason="no_buildkit"))
+        return results
+    wheelhouse = None
+    if uses_wheelhouse:
+        from envport.build.wheelhouse import ensure_wheelhouse
+
+        wh = ensure_wheelhouse(loaded, site, root, progress)
+        results.append(wh)
+        if not wh.verdict.ok:
+            return results
+        wheelhouse = site.wheelhouse_path(root, name)
+
+    rendering = render_plan(plan, hash_, (TARGET,), site=site.name)
+    dockerfile = rendering.files["Dockerfile"][0].decode()
+    plan_ops, plan_all = instruction_steps(dockerfile)
+    labels = _labels(loaded, hash_)
+    step = f"build {tag}"
+    t0 = time.monotonic()
+    work = docker_context.make_workdir(root, name)
+    try:
+        context = work / "context"
+        context.mkdir()
+        docker_context.write_context(context, rendering, plan, wheelhouse,
+                                     docker_context.build_dir(root) / docker_context.PHASES_CACHE, progress)
+        how = f"BuildKit via {cli}" if cli else "legacy builder (docker SDK)"
+        progress(f"envport: [docker] building {tag} ({how}, network {site.network}"
+                 f"{', no cache' if no_cache else ''})")
+        if cli:
+            ok, image_id, log = _build_buildkit(cli, context, work / "iid", plan_ops, site, labels, no_cache,
+                                                progress)
+        else:
+            ok, image_id, log = _build_legacy(client, context, plan_all, site, labels, no_cache, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.monotonic() - t0
+    builder = "buildkit" if cli else "legacy"
+    if not ok:
+        ref, lines = log.tail()
+        where = f"{ref.label()} ({ref.title})" if isinstance(ref, StepRef) else "the build"
+        result = StepResult(step, Verdict.FAILED, f"{where} failed; no tag was written", lines=lines,
+                            seconds=seconds, data={"image": tag, "failed_step": ref.marker if ref else None,
+                                                    "builder": builder})
+        results.append(result)
+        return results
+
+    image = client.images.get(image_id)
+    if image.labels.get("envport.hash") != hash_:
+        result = StepResult(step, Verdict.FAILED, f"built image {image_id[:19]} lacks envport.hash={hash_[:12]}",
+                            seconds=seconds)
+        results.append(result)
+        return results
+    image.tag(repo(name), hash_[:12])
+    image.tag(repo(name), "latest")
+    if previous is not None and previous.id != image.id:
+        # The image this rebuild replaces is now untagged: drop it, unless something still uses it.
+        import docker
+
+        try:
+            client.images.remove(previous.id, noprune=False)
+        except docker.errors.APIError:
+            pass
+    size = image.attrs.get("Size", 0)
+    result = StepResult(step, Verdict.OK,
+                        f"{image.id[:19]} ({_size(size)}; {len(set(log.built))} step(s) built, "
+                        f"{len(set(log.cached))} cached)",
+                        seconds=seconds,
+                        data={"image": tag, "image_id": image.id, "size": size,
+                              "built_steps": list(dict.fromkeys(log.built)),
+                              "cached_steps": list(dict.fromkeys(log.cached)), "builder": builder,
+                              "total_seconds": round(time.monotonic() - start, 3)})
+    results.append(result)
+    return results

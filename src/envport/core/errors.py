@@ -1,0 +1,42 @@
+"""Errors meant for people: each names the file, the field, what was expected, the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envport.core.verdict import EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int | None
+    field: str
+    message: str  # what was wrong and what was expected
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        text = f"{where}: {self.field or '<top>'}: {self.message}"
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return text
+
+
+class EnvportError(Exception):
+    """An error the CLI prints without a traceback and exits with `exit_code`."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class SpecError(EnvportError):
+    """Every problem found in one spec file (all of them, not just the first)."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))

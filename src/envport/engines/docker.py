@@ -1,0 +1,215 @@
+"""The docker engine: the only module that talks to it.
+
+Three ways in, each where it is the right tool: the docker SDK for inspect,
+run and labels; the docker CLI for BuildKit builds (the SDK only drives the
+legacy builder); and a raw request on the engine's unix socket for the fast
+`present` probe, which must not pay for importing the SDK.  An engine that
+does not answer is REFUSED `docker_unreachable`; an envport installed without
+its `build` extra (no docker SDK) is REFUSED `missing_extra` with the pip
+command, never mistaken for a stopped engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import urllib.parse
+import socket
+from pathlib import Path
+from typing import Callable, Optional
+
+from envport.core.verdict import StepResult, Verdict
+
+
+MISSING_EXTRA_FIX = "install envport's build extra: pip install 'envport[build]'"
+
+
+def missing_extra(step: str, module: str) -> StepResult:
+    return StepResult(step, Verdict.REFUSED, f"the Python package {module!r} is not installed (envport was "
+                      f"installed without its `build` extra); {MISSING_EXTRA_FIX}", reason="missing_extra")
+
+
+# Clients that may run BuildKit, in order; ENVPORT_DOCKER_CLI overrides (tests use it to
+# pick a client without BuildKit and see the legacy path).
+CLI_CANDIDATES = ("/usr/bin/docker", "docker")
+
+
+# What the docker CLI needs to find and talk to the engine; nothing else of the host's
+# environment is passed, so no secret can reach the build by accident.
+CLI_ENV_KEEP = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+                "DOCKER_CONTEXT", "DOCKER_API_VERSION", "TMPDIR")
+
+
+DOCKER_UNREACHABLE_FIX = ("start the engine (`bash .ci/services/dockerd.sh`, or `dockerd &`), "
+                          "or point DOCKER_HOST at one that runs")
+
+
+NO_BUILDKIT_FIX = ("install a docker client that runs BuildKit (Debian's docker.io: /usr/bin/docker with "
+                   "DOCKER_BUILDKIT=1, or docker-buildx), or build with a site profile that has "
+                   "`wheelhouse: false`")
+
+
+_buildkit_cli: dict[str, Optional[str]] = {}
+
+
+def docker_host() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def connect(step: str, timeout: int = 60, ping_timeout: int = 10):
+    """(client, None) when the engine answers a ping within ping_timeout, else (None, the REFUSED result)."""
+    try:
+        import docker
+    except ModuleNotFoundError:
+        return None, missing_extra(step, "docker")
+    try:
+        client = docker.from_env(timeout=ping_timeout)
+        client.ping()
+    except Exception as exc:  # DockerException, requests/urllib3 and socket errors alike
+        return None, unreachable(step, f"{type(exc).__name__}: {str(exc)[:300]}")
+    client.api.timeout = timeout  # streamed builds pass no timeout of their own and wait as long as they run
+    return client, None
+
+
+def unreachable(step: str, why: str) -> StepResult:
+    return StepResult(step, Verdict.REFUSED,
+                      f"the docker engine at {docker_host()} does not answer ({why}); {DOCKER_UNREACHABLE_FIX}",
+                      reason="docker_unreachable")
+
+
+def get_image(client, ref: str):
+    import docker
+
+    try:
+        return client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def buildkit_cli() -> Optional[str]:
+    """The first docker client that runs BuildKit without buildx (`DOCKER_BUILDKIT=1`), probed once."""
+    override = os.environ.get("ENVPORT_DOCKER_CLI")
+    candidates = (override,) if override else CLI_CANDIDATES
+    key = ":".join(candidates)
+    if key not in _buildkit_cli:
+        _buildkit_cli[key] = None
+        for cand in candidates:
+            path = shutil.which(cand)
+            if not path:
+                continue
+            # The 28.x client without buildx fails `build --help` with "buildx component is missing".
+            proc = subprocess.run([path, "build", "--help"], capture_output=True, text=True,
+                                  env={**cli_env(), "DOCKER_BUILDKIT": "1"}, timeout=30)
+            if proc.returncode == 0 and "--iidfile" in proc.stdout and "--secret" in proc.stdout:
+                _buildkit_cli[key] = path
+                break
+    return _buildkit_cli[key]
+
+
+def cli_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in CLI_ENV_KEEP if k in os.environ}
+
+
+def _die_with_parent() -> None:
+    # If envport itself is killed, the docker client must not keep building on its own.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Interrupted(KeyboardInterrupt):
+    pass
+
+
+def run_buildkit(argv: list[str], cwd: Path, on_line: Callable[[str], None]) -> int:
+    """Run the BuildKit client; a SIGTERM/SIGINT to envport stops it (and with it the build)."""
+    env = {**cli_env(), "DOCKER_BUILDKIT": "1"}
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", preexec_fn=_die_with_parent)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def _stop(signum, frame):
+            raise Interrupted(signum)
+        previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line)
+        return proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGINT)  # the client cancels the build in the engine
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def _engine_socket() -> str | None:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return host[len("unix://"):] if host.startswith("unix://") else None
+
+
+def image_labels(tag: str, timeout: float = 2.0) -> dict | None:
+    """The image's labels from the engine's API, or None when it is absent or unreachable."""
+    sock = _engine_socket()
+    if sock is None:
+        return None
+    conn = _UnixHTTPConnection(sock, timeout)
+    try:
+        conn.request("GET", f"/images/{urllib.parse.quote(tag, safe='')}/json")
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return None
+        info = json.loads(resp.read())
+        return {"labels": (info.get("Config") or {}).get("Labels") or {}, "id": info.get("Id", ""),
+                "size": info.get("Size", 0)}
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def engine_problem(docker: str = "docker", timeout: float = 15) -> Optional[str]:
+    """None when a docker engine answers, else the reason in one line."""
+    try:
+        out = subprocess.run([docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                             text=True, timeout=timeout)
+    except FileNotFoundError:
+        return f"{docker} not found"
+    except subprocess.TimeoutExpired:
+        return f"`{docker} version` did not answer within {timeout:.0f}s"
+    if out.returncode != 0 or not out.stdout.strip():
+        text = (out.stderr or out.stdout).strip().splitlines()
+        return text[-1] if text else f"exit {out.returncode}"
+    return None
+
+
+def image_exists(image: str, docker: str = "docker") -> bool:
+    try:
+        out = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", image],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0

@@ -1,0 +1,129 @@
+"""Site profiles: what varies by place, never by env, and never enters the spec.
+
+`sites/<name>.yaml`, chosen with `--site` (default `local`).  The fields that
+reach a recipe (CA bundle bytes, pip sources, wheelhouse use, base-image
+rewrites) are applied to the plan by `apply_site`, so they feed the content
+hash through it; the others (network mode, SSH hosts, Apptainer dirs) only
+steer how a build or launch runs and do not change what is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from envport.core.errors import EnvportError, SpecError
+from envport.spec.loader import problems_from, read_yaml
+from envport.plan.steps import BaseStep, CaStep, PipStep, Plan
+
+SITES_DIR = "sites"
+DEFAULT_SITE = "local"
+# Where container builds see the site's CA bundle and the env's wheelhouse.
+CA_PATH_IN_ENV = "/etc/envport/ca-bundle.crt"
+WHEELHOUSE_IN_BUILD = "/tmp/envport-wheelhouse"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PipSources(_Model):
+    index_url: Optional[str] = None
+    extra_index_urls: list[str] = []
+    find_links: list[str] = []
+
+
+class SshHost(_Model):
+    ssh: str = Field(description="ssh destination (a Host alias or user@host)")
+    ssh_config: Optional[str] = None
+    connect_timeout: int = Field(default=5, ge=1, le=60)
+
+
+class ApptainerDirs(_Model):
+    cachedir: Optional[str] = None
+    tmpdir: Optional[str] = None
+
+
+class Site(_Model):
+    name: str
+    description: str = ""
+    network: str = Field(default="default", description="docker build/run network mode, e.g. host")
+    ca_bundle: Optional[str] = Field(default=None, description="host CA bundle injected into container builds")
+    pip: PipSources = PipSources()
+    wheelhouse: bool = Field(default=False, description="install from `envport wheelhouse NAME` with --no-index")
+    wheelhouse_dir: str = Field(default=".cache/wheelhouse", description="relative to the project root")
+    base_images: dict[str, str] = Field(default={}, description="base image rewrites (mirrors)")
+    registry: bool = Field(default=True, description="the engine can pull base images it lacks; false: "
+                           "a missing base is REFUSED with the fix instead of a pull that cannot succeed")
+    hosts: dict[str, SshHost] = {}
+    apptainer: ApptainerDirs = ApptainerDirs()
+
+    def ca_bytes(self) -> bytes:
+        if not self.ca_bundle:
+            return b""
+        try:
+            return Path(self.ca_bundle).read_bytes()
+        except OSError as exc:
+            raise EnvportError(f"site {self.name}: ca_bundle {self.ca_bundle}: {exc.strerror}; "
+                               "fix the path in the site profile", exit_code=3) from None
+
+    def pip_source_args(self) -> list[str]:
+        """pip arguments for this site's index, extra indexes and find-links."""
+        args = []
+        if self.pip.index_url:
+            args += ["--index-url", self.pip.index_url]
+        for url in self.pip.extra_index_urls:
+            args += ["--extra-index-url", url]
+        for link in self.pip.find_links:
+            args += ["--find-links", link]
+        return args
+
+    def wheelhouse_path(self, root: Path, env_name: str) -> Path:
+        return (root / self.wheelhouse_dir / env_name).resolve()
+
+
+NO_SITE = Site(name="none")
+
+
+def load_site(name_or_path: str | None, root: Path) -> Site:
+    """A site by name (sites/<name>.yaml) or path; `local` falls back to built-in defaults."""
+    ref = name_or_path or DEFAULT_SITE
+    path = Path(ref) if ref.endswith((".yaml", ".yml")) else root / SITES_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        if ref == DEFAULT_SITE:
+            return Site(name=DEFAULT_SITE)
+        raise EnvportError(f"site profile {path} not found; create it or pass --site local")
+    raw = read_yaml(path)
+    try:
+        return Site.model_validate(raw.data)
+    except ValidationError as exc:
+        raise SpecError(problems_from(exc, raw, str(path))) from None
+
+
+def apply_site(plan: Plan, site: Site) -> Plan:
+    """The plan as this site builds it: base rewrites, CA bundle, pip sources, wheelhouse."""
+    if site is NO_SITE:
+        return plan
+    steps = []
+    ca = site.ca_bytes()
+    for step in plan.steps:
+        if isinstance(step, BaseStep):
+            steps.append(dataclasses.replace(step, image=site.base_images.get(step.image, step.image)))
+            if ca:
+                steps.append(CaStep(CA_PATH_IN_ENV, hashlib.sha256(ca).hexdigest(), ca))
+        elif isinstance(step, PipStep):
+            steps.append(dataclasses.replace(step, site_args=tuple(_site_pip_args(site))))
+        else:
+            steps.append(step)
+    return dataclasses.replace(plan, steps=tuple(steps))
+
+
+def _site_pip_args(site: Site) -> list[str]:
+    if site.wheelhouse:
+        return ["--no-index", "--find-links", WHEELHOUSE_IN_BUILD]
+    return site.pip_source_args()
+

@@ -1,0 +1,220 @@
+"""The plan: a spec as an ordered list of typed steps.
+
+Every renderer consumes this list and nothing else, so the targets cannot
+drift apart: a step a renderer does not know is a crash in its tests, not a
+silently missing line in a recipe.  The plan is also what the content hash is
+computed over (plus the renderer version), because it is exactly what reaches
+a recipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Union
+
+from envport.spec.loader import Loaded
+from envport.spec.model import PipPhase
+
+# Where containers keep the env's interpreter: a venv, so pip never fights the
+# distribution's externally-managed Python (PEP 668) on Debian/Ubuntu bases.
+CONTAINER_VENV = "/opt/envport/venv"
+
+
+@dataclass(frozen=True)
+class BaseStep:
+    image: str
+    kind: str = "base"
+
+
+@dataclass(frozen=True)
+class CaStep:
+    """A site's CA bundle, trusted by pip and TLS clients in the env (only added by a site)."""
+
+    path: str
+    sha256: str
+    data: bytes = field(default=b"", repr=False, compare=False)
+    kind: str = "ca"
+
+
+@dataclass(frozen=True)
+class SystemStep:
+    packages: tuple[str, ...]
+    kind: str = "system"
+
+
+@dataclass(frozen=True)
+class PythonStep:
+    version: str
+    venv: str = CONTAINER_VENV
+    kind: str = "python"
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    vars: tuple[tuple[str, str], ...]  # sorted by key
+    kind: str = "env"
+
+
+@dataclass(frozen=True)
+class PipStep:
+    index: int  # 1-based phase number
+    packages: tuple[str, ...]  # in the spec's order: pip sees them in this order
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    no_deps: bool = False
+    force_reinstall: bool = False
+    pre: bool = False
+    # Set by a site profile (sources, --no-index wheelhouse); the spec never sets it.
+    site_args: tuple[str, ...] = ()
+    kind: str = "pip"
+
+    @property
+    def uses_wheelhouse(self) -> bool:
+        return "--no-index" in self.site_args
+
+    def pip_args(self) -> list[str]:
+        """Arguments after `pip install`, identical on every target."""
+        args = list(self.site_args)
+        if not self.uses_wheelhouse:
+            args += self.source_args()
+        return args + self._flags() + list(self.packages)
+
+    def source_args(self) -> list[str]:
+        """Where the spec says this phase's distributions come from."""
+        args = []
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for url in self.extra_index_urls:
+            args += ["--extra-index-url", url]
+        for link in self.find_links:
+            args += ["--find-links", link]
+        return args
+
+    def _flags(self) -> list[str]:
+        args = []
+        if self.no_deps:
+            args.append("--no-deps")
+        if self.force_reinstall:
+            args.append("--force-reinstall")
+        if self.pre:
+            args.append("--pre")
+        return args
+
+
+@dataclass(frozen=True)
+class ShimFile:
+    dest: str  # absolute container path
+    source: str  # path relative to specs/
+    sha256: str
+    mode: str = "0644"
+    # The bytes ride along for the shell target, which embeds them; the hash
+    # covers them through sha256, so they stay out of the canonical form.
+    data: bytes = field(default=b"", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class FilesStep:
+    files: tuple[ShimFile, ...]  # sorted by dest
+    kind: str = "files"
+
+
+@dataclass(frozen=True)
+class RunStep:
+    commands: tuple[str, ...]
+    kind: str = "run"
+
+
+@dataclass(frozen=True)
+class WeightsStep:
+    mounts: tuple[tuple[str, str], ...]  # (weight name, container path), sorted by name
+    kind: str = "weights"
+
+
+@dataclass(frozen=True)
+class LabelsStep:
+    labels: tuple[tuple[str, str], ...]  # user labels, sorted; envport adds its own at render time
+    kind: str = "labels"
+
+
+Step = Union[BaseStep, CaStep, SystemStep, PythonStep, EnvStep, PipStep, FilesStep, RunStep, WeightsStep, LabelsStep]
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    python: str
+    steps: tuple[Step, ...]
+    description: str = field(default="", compare=False)
+
+    def markers(self) -> list[str]:
+        """The ordered step list as short tokens, e.g. ['base', 'system', 'python', 'pip-1']."""
+        return [step_marker(s) for s in self.steps]
+
+    def canonical(self) -> list[dict]:
+        return [_canonical(s) for s in self.steps]
+
+    def step_keys(self) -> list[str]:
+        """A key per step that changes when the step or any step before it changes:
+        what the shell target records to skip finished steps on a re-run."""
+        keys, running = [], hashlib.sha256()
+        for s in self.steps:
+            running.update(json.dumps(_canonical(s), sort_keys=True, ensure_ascii=True).encode())
+            keys.append(running.copy().hexdigest()[:16])
+        return keys
+
+
+def _canonical(step: Step) -> dict:
+    d = asdict(step)
+    d.pop("data", None)
+    for f in d.get("files", ()):
+        f.pop("data", None)
+    return d
+
+
+def step_marker(step: Step) -> str:
+    return f"pip-{step.index}" if isinstance(step, PipStep) else step.kind
+
+
+def _pip_step(i: int, phase: PipPhase) -> PipStep:
+    return PipStep(
+        index=i,
+        packages=tuple(phase.packages),
+        index_url=phase.index_url,
+        extra_index_urls=tuple(phase.extra_index_urls),
+        find_links=tuple(phase.find_links),
+        no_deps=phase.no_deps,
+        force_reinstall=phase.force_reinstall,
+        pre=phase.pre,
+    )
+
+
+def make_plan(loaded: Loaded) -> Plan:
+    """Pure: the same spec and shim bytes give the same plan."""
+    spec = loaded.spec
+    steps: list[Step] = [BaseStep(spec.base)]
+    if spec.system_pkgs:
+        steps.append(SystemStep(tuple(spec.system_pkgs)))
+    steps.append(PythonStep(spec.python))
+    env = dict(spec.env)
+    for w in spec.weight_dirs.values():
+        if w.env:
+            env.setdefault(w.env, w.path)
+    if env:
+        steps.append(EnvStep(tuple(sorted(env.items()))))
+    steps += [_pip_step(i, p) for i, p in enumerate(spec.pip_phases, start=1)]
+    if spec.shim_files:
+        shims = loaded.shim_bytes()
+        steps.append(FilesStep(tuple(
+            ShimFile(dest, spec.shim_files[dest], hashlib.sha256(data).hexdigest(),
+                     "0755" if data.startswith(b"#!") else "0644", data)
+            for dest, data in shims.items()
+        )))
+    if spec.run_commands:
+        steps.append(RunStep(tuple(spec.run_commands)))
+    if spec.weight_dirs:
+        steps.append(WeightsStep(tuple(sorted((n, w.path) for n, w in spec.weight_dirs.items()))))
+    steps.append(LabelsStep(tuple(sorted(spec.labels.items()))))
+    return Plan(name=spec.name, python=spec.python, steps=tuple(steps), description=spec.description)

@@ -1,0 +1,401 @@
+"""Cross-backend parity: the same spec built on every target this host can run, then compared.
+
+For each target (docker image, venv here, venv on each SSH site host, conda
+where a conda is on PATH) the env is built, or found `present`, and probed
+from inside, the way a user would use it (`docker run IMAGE`, `. bin/activate`):
+
+- `pip freeze --all`, names normalized (PEP 503), without the installer's own
+  packages (pip, setuptools, wheel) and envport's (envport itself);
+- the python version, compared at the precision the spec declares (`"3.11"`:
+  major.minor; a Debian 3.11.2 and a pyenv 3.11.7 both satisfy it);
+- the env vars the spec declares (its `env:` and the weight dirs' `env`) and
+  ENVPORT_NAME; never PATH/HOME/HOSTNAME and friends, and not ENVPORT_HASH,
+  which legitimately differs (a container build's hash includes the site).
+
+Any difference is named (`package requests: venv 2.31.0, docker -, venv@test -`)
+and fails the run (exit 1).  A target the host cannot run (no engine, host
+unreachable, no conda) is skipped with its reason.
+
+The SSH host may be this very machine (the test sshd): its envs then go to a
+separate folder (/var/tmp/envport-ssh-envs) so "venv over SSH" is really built
+a second time, not found present from the local build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from envport.spec.loader import Loaded
+from envport.engines.ssh import resolve_host, ssh_argv
+from envport.core.progress import Progress, quiet
+from envport.core.verdict import StepResult, Verdict
+
+# Installer and envport packages: they differ by how the env was made, not by what the spec asks.
+EXCLUDED_PACKAGES = frozenset({"pip", "setuptools", "wheel", "distribute", "pkg-resources", "envport"})
+SAME_MACHINE_SSH_ENVS_DIR = "/var/tmp/envport-ssh-envs"
+PROBE_TIMEOUT_S = 180.0
+
+# Runs inside each env (stdlib only): the interpreter, pip's view of the packages, the env vars asked for.
+PROBE = r"""
+import json, os, platform, subprocess, sys
+names = sys.argv[1:]
+p = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+out = {"python": platform.python_version(), "executable": sys.executable, "freeze": p.stdout.splitlines(),
+       "freeze_rc": p.returncode, "freeze_err": p.stderr[-2000:], "env": {k: os.environ.get(k) for k in names}}
+try:
+    import importlib.metadata as md
+    out["versions"] = {d.metadata["Name"]: d.version for d in md.distributions() if d.metadata["Name"]}
+except Exception:
+    out["versions"] = {}
+print("ENVPORT-PARITY " + json.dumps(out, sort_keys=True))
+"""
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalized project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_freeze(lines: list[str], versions: Optional[dict] = None) -> dict[str, str]:
+    """{normalized name: version} from `pip freeze` lines; `name @ url` lines get the installed version."""
+    by_name = {canonical(k): v for k, v in (versions or {}).items()}
+    out: dict[str, str] = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#") or line.startswith("-e "):
+            continue
+        if "==" in line:
+            name, version = line.split("==", 1)
+        elif " @ " in line:
+            name = line.split(" @ ", 1)[0]
+            version = by_name.get(canonical(name), "@ " + line.split(" @ ", 1)[1])
+        else:
+            name, version = line, by_name.get(canonical(line), "?")
+        name = canonical(name.split("[")[0].strip())
+        if name not in EXCLUDED_PACKAGES:
+            out[name] = version.strip()
+    return out
+
+
+def env_names(loaded: Loaded) -> list[str]:
+    """The variables a built env must carry: the spec's env, the weight dirs' env vars, ENVPORT_NAME."""
+    spec = loaded.spec
+    names = set(spec.env) | {w.env for w in spec.weight_dirs.values() if w.env} | {"ENVPORT_NAME"}
+    return sorted(names)
+
+
+def python_precision(declared: str, version: str) -> str:
+    """`version` cut to as many parts as the spec declares ("3.11" -> "3.11" of "3.11.7")."""
+    n = len(declared.split("."))
+    return ".".join(version.split(".")[:n])
+
+
+@dataclass
+class TargetFacts:
+    target: str  # docker | venv | venv@HOST | conda
+    build: Optional[StepResult] = None
+    skipped: str = ""  # why this target was not compared
+    python: str = ""
+    packages: dict[str, str] = field(default_factory=dict)
+    env: dict[str, Optional[str]] = field(default_factory=dict)
+    where: str = ""  # image tag or env prefix
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "skipped": self.skipped, "python": self.python, "packages": self.packages,
+                "env": self.env, "where": self.where, "seconds": round(self.seconds, 3),
+                "build": self.build.to_dict() if self.build else None}
+
+
+@dataclass
+class Difference:
+    kind: str  # python | package | env
+    name: str
+    values: dict[str, Optional[str]]  # target -> value (None: absent)
+
+    def line(self) -> str:
+        vals = ", ".join(f"{t} {v if v is not None else '-'}" for t, v in self.values.items())
+        return f"{self.kind} {self.name}: {vals}"
+
+
+# --- building -------------------------------------------------------------------
+
+
+@contextmanager
+def envs_dir(path: Optional[str]):
+    """ENVPORT_ENVS_DIR for the duration (the shell builder forwards it, over SSH too)."""
+    old = os.environ.get("ENVPORT_ENVS_DIR")
+    if path:
+        os.environ["ENVPORT_ENVS_DIR"] = path
+    else:
+        os.environ.pop("ENVPORT_ENVS_DIR", None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ENVPORT_ENVS_DIR", None)
+        else:
+            os.environ["ENVPORT_ENVS_DIR"] = old
+
+
+def _run(argv: list[str], stdin: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S,
+         env: Optional[dict] = None) -> tuple[Optional[int], str]:
+    try:
+        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        return None, f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return None, f"no answer within {timeout:.0f}s"
+    return p.returncode, p.stdout + p.stderr
+
+
+def _parse_probe(target: str, rc: Optional[int], out: str, facts: TargetFacts) -> Optional[str]:
+    line = next((ln for ln in out.splitlines() if ln.startswith("ENVPORT-PARITY ")), None)
+    if line is None:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        return f"probe in {target} exited {rc}: {tail or 'no output'}"
+    data = json.loads(line[len("ENVPORT-PARITY "):])
+    if data.get("freeze_rc"):
+        return f"pip freeze in {target} exited {data['freeze_rc']}: {data.get('freeze_err', '').strip()[-300:]}"
+    facts.python = data["python"]
+    facts.packages = parse_freeze(data["freeze"], data.get("versions"))
+    facts.env = data["env"]
+    return None
+
+
+def activate_and_probe(prefix_sh: str) -> str:
+    """Bash that activates a venv the way a user does (bin/activate sources .envport/env.sh) and probes."""
+    return (f"P={prefix_sh}; . \"$P/bin/activate\" && exec python - \"$@\"")
+
+
+def probe_docker(image: str, names: list[str], docker: str = "docker") -> tuple[Optional[int], str]:
+    return _run([docker, "run", "--rm", "-i", "--network", "none", image, "python3", "-", *names], stdin=PROBE)
+
+
+def probe_local(prefix: str, names: list[str]) -> tuple[Optional[int], str]:
+    # A clean environment like a fresh login: the caller's VIRTUAL_ENV or PYTHONPATH must not leak in.
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+    return _run(["bash", "-c", activate_and_probe(shlex.quote(prefix)), "envport-parity", *names],
+                stdin=PROBE, env=env)
+
+
+def probe_ssh(host, prefix: str, names: list[str]) -> tuple[Optional[int], str]:
+
+    script = activate_and_probe(shlex.quote(prefix))
+    remote = f"bash -c {shlex.quote(script)} envport-parity {' '.join(shlex.quote(n) for n in names)}"
+    return _run(ssh_argv(host) + [remote], stdin=PROBE)
+
+
+def same_machine(host) -> bool:
+    """True when the SSH host is this machine (same machine-id and hostname), e.g. the test sshd."""
+
+    rc, out = _run(ssh_argv(host) + ["cat /etc/machine-id 2>/dev/null; hostname"], timeout=15)
+    if rc != 0:
+        return False
+    try:
+        local_id = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        local_id = ""
+    lines = out.strip().splitlines()
+    return lines[-1:] == [socket.gethostname()] and (not local_id or local_id in lines)
+
+
+# --- the run --------------------------------------------------------------------
+
+
+@dataclass
+class ParityOptions:
+    targets: tuple[str, ...] = ("docker", "venv", "ssh", "conda")
+    hosts: Optional[list[str]] = None  # SSH site hosts; None: every host of the site profile
+    local_envs_dir: Optional[str] = None  # None: $ENVPORT_ENVS_DIR or ~/.envport/envs
+    ssh_envs_dir: Optional[str] = None  # None: $ENVPORT_SSH_ENVS_DIR, else a separate dir when the host is here
+    rebuild: bool = False
+    on_target: Optional[Callable[[TargetFacts], None]] = None
+
+
+
+def _skip_or_fail(facts: TargetFacts, results: list[StepResult]) -> bool:
+    """True when the build went through; else mark the target skipped (REFUSED) or failed."""
+    last = results[-1]
+    facts.build = last
+    if last.verdict.ok:
+        return True
+    if last.verdict is Verdict.REFUSED:
+        facts.skipped = f"{last.reason or 'refused'}: {last.detail}"
+    return False
+
+
+def run_parity(loaded: Loaded, site, opts: ParityOptions, progress: Progress = quiet) -> list[TargetFacts]:
+    """Build (or find present) and probe every target; one TargetFacts each, in order."""
+    from envport.build import shell
+
+    names = env_names(loaded)
+    root = loaded.root
+    out: list[TargetFacts] = []
+
+    def done(f: TargetFacts) -> None:
+        out.append(f)
+        if opts.on_target:
+            opts.on_target(f)
+
+    if "docker" in opts.targets:
+        f = TargetFacts("docker")
+        t0 = time.monotonic()
+        try:
+            from envport.build.docker import builder as docker_builder
+        except ImportError as exc:  # the docker builder (or its SDK) is not installed here
+            f.skipped = f"no docker builder: {exc}"
+        else:
+            progress("parity: docker: building (or finding present)")
+            results = docker_builder.build(loaded, site, root, rebuild=opts.rebuild, progress=progress)
+            if _skip_or_fail(f, results):
+                f.where = results[-1].data.get("image") or ""
+                rc, text = probe_docker(f.where, names)
+                problem = _parse_probe("docker", rc, text, f)
+                if problem:
+                    f.build = StepResult("probe docker", Verdict.FAILED, problem)
+        f.seconds = time.monotonic() - t0
+        done(f)
+
+    def venv_target(label: str, host: Optional[str], dir_: Optional[str]) -> TargetFacts:
+        f = TargetFacts(label)
+        t0 = time.monotonic()
+        progress(f"parity: {label}: building (or finding present)"
+                 + (f" in {dir_}" if dir_ else ""))
+        with envs_dir(dir_):
+            results = shell.build(loaded, site, root, flavour="venv", host=host, rebuild=opts.rebuild,
+                                  progress=progress)
+        if _skip_or_fail(f, results):
+            f.where = results[-1].data.get("prefix") or ""
+            if host is None:
+                rc, text = probe_local(f.where, names)
+            else:
+                rc, text = probe_ssh(resolve_host(site, host), f.where, names)
+            problem = _parse_probe(label, rc, text, f)
+            if problem:
+                f.build = StepResult(f"probe {label}", Verdict.FAILED, problem)
+        f.seconds = time.monotonic() - t0
+        return f
+
+    if "venv" in opts.targets:
+        done(venv_target("venv", None, opts.local_envs_dir or os.environ.get("ENVPORT_ENVS_DIR")))
+
+    if "ssh" in opts.targets:
+        hosts = opts.hosts if opts.hosts is not None else sorted(site.hosts)
+        if not hosts:
+            done(TargetFacts("venv@ssh", skipped="no_ssh_host: the site profile names no hosts; pass --host"))
+        for h in hosts:
+            target = resolve_host(site, h)
+            dir_ = opts.ssh_envs_dir or os.environ.get("ENVPORT_SSH_ENVS_DIR")
+            if not dir_ and same_machine(target):
+                # Same machine: a separate folder, or the "remote" build would find the local one present.
+                dir_ = SAME_MACHINE_SSH_ENVS_DIR
+            done(venv_target(f"venv@{h}", h, dir_))
+
+    if "conda" in opts.targets:
+        conda = next((c for c in ("micromamba", "mamba", "conda") if shutil.which(c)), None)
+        if conda is None:
+            done(TargetFacts("conda", skipped="no_conda: no micromamba, mamba or conda on PATH"))
+        else:
+            f = TargetFacts("conda")
+            t0 = time.monotonic()
+            results = shell.build(loaded, site, root, flavour="conda", rebuild=opts.rebuild, progress=progress)
+            if _skip_or_fail(f, results):
+                f.where = results[-1].data.get("prefix") or ""
+                env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+                script = (f"P={shlex.quote(f.where)}; [ -f \"$P/.envport/env.sh\" ] && . \"$P/.envport/env.sh\"; "
+                          "exec \"$P/bin/python\" - \"$@\"")
+                rc, text = _run(["bash", "-c", script, "envport-parity", *names], stdin=PROBE, env=env)
+                problem = _parse_probe("conda", rc, text, f)
+                if problem:
+                    f.build = StepResult("probe conda", Verdict.FAILED, problem)
+            f.seconds = time.monotonic() - t0
+            done(f)
+    return out
+
+
+def compared(facts: list[TargetFacts]) -> list[TargetFacts]:
+    return [f for f in facts if not f.skipped and f.build is not None and f.build.verdict.ok]
+
+
+def differences(loaded: Loaded, facts: list[TargetFacts]) -> list[Difference]:
+    """Every way the compared targets disagree: python (at the spec's precision), packages, env vars."""
+    ok = compared(facts)
+    diffs: list[Difference] = []
+    if len(ok) < 2:
+        return diffs
+    pys = {f.target: python_precision(loaded.spec.python, f.python) for f in ok}
+    if len(set(pys.values())) > 1:
+        diffs.append(Difference("python", loaded.spec.python, {f.target: f.python for f in ok}))
+    for name in sorted(set().union(*(f.packages for f in ok))):
+        vals = {f.target: f.packages.get(name) for f in ok}
+        if len(set(vals.values())) > 1:
+            diffs.append(Difference("package", name, vals))
+    for name in sorted(set().union(*(f.env for f in ok))):
+        vals = {f.target: f.env.get(name) for f in ok}
+        if len(set(vals.values())) > 1:
+            diffs.append(Difference("env", name, vals))
+    return diffs
+
+
+def table(loaded: Loaded, facts: list[TargetFacts], diffs: list[Difference], width: int = 24) -> list[str]:
+    """The side-by-side table: one column per compared target, `!=` on each row that differs."""
+    ok = compared(facts)
+    if not ok:
+        return []
+    cols = [f.target for f in ok]
+    diff_keys = {(d.kind, d.name) for d in diffs}
+    values = [f.python for f in ok] + [v for f in ok for v in f.packages.values()] + \
+             [v or "-" for f in ok for v in f.env.values()]
+    w = min(max([len(c) for c in cols] + [len(v) for v in values] + [12]), width)
+
+    def cell(v: Optional[str]) -> str:
+        s = "-" if v is None else str(v)
+        return s if len(s) <= w else s[: w - 1] + "~"
+
+    lines = [f"   {'':<28} " + " ".join(f"{c:<{w}}" for c in cols)]
+
+    def row(kind: str, name: str, label: str, vals: list[Optional[str]]) -> None:
+        mark = "!=" if (kind, name) in diff_keys else "  "
+        lines.append(f"{mark} {label:<28} " + " ".join(f"{cell(v):<{w}}" for v in vals))
+
+    row("python", loaded.spec.python, f"python ({loaded.spec.python})", [f.python for f in ok])
+    for name in sorted(set().union(*(f.packages for f in ok))):
+        row("package", name, name, [f.packages.get(name) for f in ok])
+    for name in sorted(set().union(*(f.env for f in ok))):
+        row("env", name, f"${name}", [f.env.get(name) for f in ok])
+    return lines
+
+
+def judge(loaded: Loaded, facts: list[TargetFacts], diffs: list[Difference], seconds: float) -> StepResult:
+    """The comparison's verdict: FAILED when a target broke or differs, REFUSED with fewer than two to compare."""
+    ok_targets = compared(facts)
+    broken = [f for f in facts if not f.skipped and (f.build is None or not f.build.verdict.ok)]
+    if broken:
+        line = "could not build or probe: " + ", ".join(f"{f.target} ({f.build.detail if f.build else '?'})"
+                                                          for f in broken)
+        return StepResult("parity", Verdict.FAILED, line, seconds=seconds)
+    if len(ok_targets) < 2:
+        line = (f"fewer than two targets could run here ({', '.join(f.target for f in ok_targets) or 'none'}); "
+                "nothing to compare")
+        return StepResult("parity", Verdict.REFUSED, line, reason="too_few_targets", seconds=seconds)
+    if diffs:
+        line = f"{len(diffs)} difference(s): " + "; ".join(d.line() for d in diffs[:5]) + \
+               (f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else "")
+        return StepResult("parity", Verdict.FAILED, line, seconds=seconds)
+    n_pkgs = len(ok_targets[0].packages)
+    line = (f"{len(ok_targets)} targets agree ({', '.join(f.target for f in ok_targets)}): python "
+            f"{loaded.spec.python}, {n_pkgs} packages, {len(ok_targets[0].env)} env vars")
+    return StepResult("parity", Verdict.OK, line, seconds=seconds)

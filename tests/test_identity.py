@@ -1,0 +1,71 @@
+"""One env, one identity: resolve demo-cpu once and find the same `env:<name>@<hash12>` everywhere it is named.
+
+The image tag, the SIF name, the hash the venv's setup script records, the
+ledger key and the Slurm job script must all come from recipe.identity.resolve
+for the same (spec, site); the committed images/ carry the portable (no-site)
+hash and say so in their header.
+"""
+
+from __future__ import annotations
+
+import json
+
+from envport.build import shell
+from envport.plan.site import load_site
+from envport.recipe.identity import portable, resolve
+from envport.recipe.render import render_plan
+from envport.report import ledger
+from envport.spec.loader import load_spec
+
+from .support import ENV_NAME, run_envport
+
+
+def test_every_artefact_carries_the_resolved_identity(project, tmp_path):
+    loaded = load_spec(ENV_NAME, project)
+    site = load_site("local", project)
+    ident = resolve(loaded, site, "docker").identity
+    assert ident.key == f"env:{ENV_NAME}@{ident.hash[:12]}"
+
+    # the target chooses the rendered plan, never the hash
+    assert {resolve(loaded, site, t).hash for t in ("docker", "apptainer", "venv", "conda")} == {ident.hash}
+
+    # envport show names the same build
+    shown = json.loads(run_envport("show", ENV_NAME, "--json", root=project).stdout)
+    assert (shown["site"]["hash"], shown["site"]["image"], shown["site"]["sif"], shown["site"]["key"]) == \
+        (ident.hash, f"envport/{ENV_NAME}:{ident.hash12}", f"{ENV_NAME}-{ident.hash12}.sif", ident.key)
+
+    # the docker build's Dockerfile labels it, the .def's %labels and %environment carry it
+    built = render_plan(resolve(loaded, site, "docker").plan, ident.hash, ("docker", "apptainer"), site="local")
+    dockerfile = built.files["Dockerfile"][0].decode()
+    deffile = built.files[f"{ENV_NAME}.def"][0].decode()
+    assert f'envport.hash="{ident.hash}"' in dockerfile
+    assert f"envport.hash {ident.hash}" in deffile and f"export ENVPORT_HASH={ident.hash}" in deffile
+    assert f"({ENV_NAME}@{ident.hash12}, as site 'local' builds it)" in dockerfile.splitlines()[0]
+
+    # the venv's setup script records the same hash in the env
+    script = shell.script_text(resolve(loaded, site, "venv"))
+    assert f"ENVPORT_HASH={ident.hash}" in script and ident.hash12 in script.splitlines()[1]
+
+    # the Slurm job script for the docker target runs the same image
+    job = json.loads(run_envport("slurm", "submit", ENV_NAME, "--cluster", "local", "--target", "docker",
+                                 "--dry-run", "--json", root=project).stdout)
+    assert job["hash"] == ident.hash and ident.image_tag in job["script"]
+
+    # the ledger key (the ledger is written into the project copy here, never the checkout)
+    from envport.core.verdict import StepResult, Verdict
+
+    rec = ledger.record(project, loaded.spec, kind="build", target="venv", hash_=ident.hash,
+                        result=StepResult("build", Verdict.OK, "test"))
+    assert rec["key"] == ident.key
+
+
+def test_committed_images_are_the_portable_rendering_and_say_so(project):
+    loaded = load_spec(ENV_NAME, project)
+    bare = portable(loaded)
+    header = (project / "images" / ENV_NAME / "Dockerfile").read_text().splitlines()[0]
+    assert f"({ENV_NAME}@{bare.hash12}, portable: no site profile" in header
+    sited = resolve(loaded, load_site("local", project), "docker").identity
+    # the local site injects a CA bundle and a wheelhouse: a different env, a different name
+    assert sited.hash != bare.hash
+    shown = run_envport("show", ENV_NAME, root=project).stdout
+    assert bare.ref in shown and sited.ref in shown and "ca_bundle" in shown
