@@ -8,9 +8,11 @@ module to use them.
 - `base_rootfs_tar` (session): `docker export` of a container of the base
   image, written once to a tar file; `image_config` (session): its ENV,
   labels, ENTRYPOINT and CMD.
-- `rootfs` (function): that tar unpacked into a fresh directory (about 1 s),
-  `/.dockerenv` removed, deleted afterwards with `remove_rootfs` (which
-  refuses while anything is still mounted below it).
+- `rootfs` (function): that tar unpacked into a fresh directory, `/.dockerenv`
+  removed, deleted afterwards with `remove_rootfs` (which refuses while
+  anything is still mounted below it). Unpacked on /dev/shm when it is a
+  writable tmpfs: measured here, 0.3 s there against 7 s on the /tmp disk
+  (11 600 file creations at ~0.5 ms each).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -67,13 +70,25 @@ def base_rootfs_tar(tmp_path_factory) -> Path:
     tar.unlink(missing_ok=True)
 
 
+def _scratch_parent(tmp_path: Path) -> Path:
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 << 30:
+        return Path(tempfile.mkdtemp(prefix="envport-test-", dir=shm))
+    return tmp_path
+
+
 @pytest.fixture
 def rootfs(base_rootfs_tar: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "rootfs"
+    parent = _scratch_parent(tmp_path)
+    root = parent / "rootfs"
     root.mkdir()
-    proc = subprocess.run(["tar", "-x", "-C", str(root), "-f", str(base_rootfs_tar)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    (root / ".dockerenv").unlink(missing_ok=True)
-    yield root
-    remove_rootfs(root)
+    try:
+        proc = subprocess.run(["tar", "-x", "-C", str(root), "-f", str(base_rootfs_tar)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        (root / ".dockerenv").unlink(missing_ok=True)
+        yield root
+    finally:
+        remove_rootfs(root)
+        if parent != tmp_path:
+            parent.rmdir()
