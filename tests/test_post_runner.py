@@ -126,6 +126,14 @@ def test_files_are_copied_before_post_and_visible_there(rootfs: Path, context: P
     assert (rootfs / "opt/app/seen").read_text() == "seen\n"
 
 
+def test_relative_rootfs_and_context_paths(rootfs: Path, context: Path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(rootfs.parent)
+    d = def_with("test -f /opt/rel/tool.py\n", files="    files/tool.py /opt/rel/tool.py\n")
+    rel_context = os.path.relpath(context, rootfs.parent)
+    assert copy_files(d, "rootfs", rel_context) == ["/opt/rel/tool.py"]
+    assert run_post(d, "rootfs").ok
+
+
 def test_files_under_tmp_are_hidden_from_post_as_under_apptainer(rootfs: Path, context: Path):  # noqa: F811
     d = def_with("test -f /tmp/tool.py\n", files='    "files/tool.py" "/tmp/tool.py"\n')
     copy_files(d, rootfs, context)

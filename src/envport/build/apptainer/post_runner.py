@@ -147,7 +147,7 @@ def _sources(src: str, context: Path) -> list[str]:
 
 def copy_files(deffile: DefFile, root: str | os.PathLike, context: str | os.PathLike) -> list[str]:
     """Copy %files into ROOT; relative sources are read from CONTEXT. Returns the destinations."""
-    root, context = Path(root), Path(context)
+    root, context = Path(root).absolute(), Path(context).absolute()
     _require_rootfs(root)
     copied = []
     for item in deffile.files:
@@ -212,7 +212,7 @@ def run_post(deffile: DefFile, root: str | os.PathLike, *, on_line: Callable[[st
     are killed (PID namespace + parent-death signal) and its mounts go with
     its mount namespace. Call it from the main thread: the parent-death
     signal follows the thread that started the sandbox."""
-    root = Path(root)
+    root = Path(root).absolute()  # bwrap runs from / (cwd), so a relative root would miss
     bwrap = _require_host()
     _require_rootfs(root)
     script = deffile.script("post")
