@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from envport.report.parity import Difference, TargetFacts, canonical, differences, parse_freeze, python_precision
+from envport.report.parity import Difference, TargetFacts, differences, parse_freeze, python_precision
+from envport.spec.model import canonical_name as canonical
 from envport.core.verdict import StepResult, Verdict
 
 from .support import ENV_NAME, cli_env, fail_with, run_envport

@@ -19,6 +19,7 @@ from envport.spec.loader import Loaded
 from envport.plan.steps import PipStep, make_plan
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
+from envport.core.files import write_atomic
 
 MANIFEST = ".envport-wheelhouse.json"
 
@@ -80,9 +81,7 @@ def ensure_wheelhouse(loaded: Loaded, site, root: Path, progress: Progress, refr
                               lines=tail(proc.stdout + proc.stderr), seconds=time.monotonic() - start)
         manifest["phases"][phase_key(loaded.spec.python, step)] = {"phase": step.index, "args": step.pip_args()}
         manifest.update(env=loaded.spec.name, python=loaded.spec.python)
-        tmp = mpath.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        tmp.replace(mpath)
+        write_atomic(mpath, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     n = len([p for p in dest.iterdir() if p.name != MANIFEST])
     return StepResult("wheelhouse", Verdict.OK, f"{dest} ({n} files, {len(todo)} phase(s) downloaded)",
                       seconds=time.monotonic() - start)

@@ -17,7 +17,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from envport.core.files import write_atomic
     from envport.spec.schema import SCHEMA_PATH, schema_text
+
     text = schema_text()
     if args.stdout:
         sys.stdout.write(text)
@@ -33,9 +35,6 @@ def run(args) -> int:
     if current == text:
         print(f"present  {SCHEMA_PATH}")
         return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, text)
     print(f"OK       wrote {SCHEMA_PATH}")
     return 0

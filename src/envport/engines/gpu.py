@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-from typing import Optional, Sequence
+from typing import Optional
 
-
-def run_quiet(argv: Sequence[str], timeout: float = 20) -> Optional[subprocess.CompletedProcess]:
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+from envport.core.proc import run
 
 
 def _num(text: str) -> Optional[float]:
     try:
         return float(text)
     except (TypeError, ValueError):
-        return None
+        return None  # "[N/A]" and friends
 
 
 def gpu_inventory(nvidia_smi: str = "nvidia-smi") -> dict:
@@ -33,17 +27,17 @@ def gpu_inventory(nvidia_smi: str = "nvidia-smi") -> dict:
     if path is None:
         return out
     fields = "index,uuid,name,memory.total,memory.used,driver_version,compute_cap"
-    res = run_quiet([path, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
-    if res is not None and res.returncode != 0:  # drivers before 510 have no compute_cap field
+    res = run([path, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+    if res.returncode not in (None, 0):  # drivers before 510 have no compute_cap field
         fields = fields.rsplit(",", 1)[0]
-        res = run_quiet([path, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
-    if res is None or res.returncode != 0:
+        res = run([path, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+    if not res.ok:
         out["error"] = ((res.stderr or res.stdout).strip().splitlines() or ["nvidia-smi failed"])[-1] \
-            if res is not None else "nvidia-smi did not answer"
+            if res.returncode is not None else "nvidia-smi did not answer"
         return out
     busy: dict[str, int] = {}
-    apps = run_quiet([path, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"])
-    if apps is not None and apps.returncode == 0:
+    apps = run([path, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"])
+    if apps.ok:
         for line in apps.stdout.splitlines():
             uuid = line.split(",")[0].strip()
             if uuid:
@@ -63,8 +57,8 @@ def gpu_inventory(nvidia_smi: str = "nvidia-smi") -> dict:
             # Someone else's job on a shared node: a process, or memory taken beyond the driver's own.
             "in_use": procs > 0 or bool(total and used and used > 0.05 * total),
         })
-    header = run_quiet([path])
-    if header is not None:
+    header = run([path])
+    if header.ok:
         m = re.search(r"CUDA Version:\s*([\d.]+)", header.stdout)
         out["cuda_driver"] = m[1] if m else None
     return out
@@ -74,8 +68,8 @@ def topology(nvidia_smi: str = "nvidia-smi") -> Optional[str]:
     path = shutil.which(nvidia_smi)
     if path is None:
         return None
-    res = run_quiet([path, "topo", "-m"])
-    return res.stdout.rstrip() if res is not None and res.returncode == 0 else None
+    res = run([path, "topo", "-m"])
+    return res.stdout.rstrip() if res.ok else None
 
 
 def gpu_count() -> int:

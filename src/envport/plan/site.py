@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envport.core.errors import EnvportError, SpecError
 from envport.spec.loader import problems_from, read_yaml
-from envport.plan.steps import BaseStep, CaStep, PipStep, Plan
+from envport.plan.steps import BaseStep, CaStep, PipStep, Plan, pip_source_args
 
 SITES_DIR = "sites"
 DEFAULT_SITE = "local"
@@ -73,14 +73,7 @@ class Site(_Model):
 
     def pip_source_args(self) -> list[str]:
         """pip arguments for this site's index, extra indexes and find-links."""
-        args = []
-        if self.pip.index_url:
-            args += ["--index-url", self.pip.index_url]
-        for url in self.pip.extra_index_urls:
-            args += ["--extra-index-url", url]
-        for link in self.pip.find_links:
-            args += ["--find-links", link]
-        return args
+        return pip_source_args(self.pip.index_url, self.pip.extra_index_urls, self.pip.find_links)
 
     def wheelhouse_path(self, root: Path, env_name: str) -> Path:
         return (root / self.wheelhouse_dir / env_name).resolve()

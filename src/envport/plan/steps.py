@@ -57,6 +57,18 @@ class EnvStep:
     kind: str = "env"
 
 
+
+def pip_source_args(index_url, extra_index_urls, find_links) -> list[str]:
+    """pip's options for where distributions come from, in pip's own order (a phase's or a site's)."""
+    args = []
+    if index_url:
+        args += ["--index-url", index_url]
+    for url in extra_index_urls:
+        args += ["--extra-index-url", url]
+    for link in find_links:
+        args += ["--find-links", link]
+    return args
+
 @dataclass(frozen=True)
 class PipStep:
     index: int  # 1-based phase number
@@ -84,14 +96,7 @@ class PipStep:
 
     def source_args(self) -> list[str]:
         """Where the spec says this phase's distributions come from."""
-        args = []
-        if self.index_url:
-            args += ["--index-url", self.index_url]
-        for url in self.extra_index_urls:
-            args += ["--extra-index-url", url]
-        for link in self.find_links:
-            args += ["--find-links", link]
-        return args
+        return pip_source_args(self.index_url, self.extra_index_urls, self.find_links)
 
     def _flags(self) -> list[str]:
         args = []

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Optional
 
 from envport import __version__
-from envport.engines.gpu import gpu_inventory, run_quiet, topology
+from envport.witness.scripts.envport_sentinel import HARDENING_ENV
+from envport.core.proc import run
+from envport.engines.gpu import gpu_inventory, topology
 from envport.witness.arch import (
     gpu_runnable,
     parse_capability,
@@ -37,10 +39,6 @@ from envport.witness.arch import (
 
 SCHEMA_VERSION = 1
 RECOMMENDED_FREE_DISK_GB = 150.0  # images + envs + weights + build caches
-HARDENING_ENV = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-}
 
 _TORCH_PROBE = r"""
 import json, sys
@@ -82,8 +80,8 @@ print("ENVPORT-DOCTOR " + json.dumps(out))
 def torch_probe(python: Optional[str] = None, timeout: float = 120) -> dict:
     """torch, CUDA, NCCL and DTensor as `python` sees them, probed in a subprocess (optional)."""
     python = python or sys.executable
-    res = run_quiet([python, "-c", _TORCH_PROBE], timeout=timeout)
-    if res is None:
+    res = run([python, "-c", _TORCH_PROBE], timeout=timeout)
+    if res.returncode is None:
         return {"python": python, "available": False, "error": f"{python} did not run or answer in {timeout:.0f}s"}
     for line in res.stdout.splitlines():
         if line.startswith("ENVPORT-DOCTOR "):

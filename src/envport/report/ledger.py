@@ -13,11 +13,10 @@ from __future__ import annotations
 import datetime as _dt
 import fcntl
 import json
-import os
 import socket
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from envport.core.files import write_atomic
 
 LEDGER_NAME = "ledger.json"
 
@@ -49,14 +48,6 @@ def read(root: Path, name: str) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8")).get("records", [])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def append(root: Path, name: str, entry: dict) -> dict:
     """Append one record (adding when/host/key) and regenerate docs/envs/<name>.md."""
     record = {"when": now_utc(), "host": socket.gethostname(), **entry}
@@ -65,7 +56,7 @@ def append(root: Path, name: str, entry: dict) -> dict:
     path = ledger_path(root, name)
     with _locked(path):
         records = read(root, name) + [record]
-        _write_atomic(path, json.dumps({"env": name, "records": records}, indent=2, sort_keys=True) + "\n")
+        write_atomic(path, json.dumps({"env": name, "records": records}, indent=2, sort_keys=True) + "\n")
     write_doc(root, name, records)
     return record
 
@@ -147,5 +138,5 @@ def render_doc(name: str, records: list[dict]) -> str:
 def write_doc(root: Path, name: str, records: list[dict] | None = None) -> Path:
     path = doc_path(root, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, render_doc(name, read(root, name) if records is None else records))
+    write_atomic(path, render_doc(name, read(root, name) if records is None else records))
     return path

@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import socket
-import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from envport.core.proc import run
 from envport.spec.loader import Loaded
+from envport.spec.model import canonical_name
 from envport.engines.ssh import resolve_host, ssh_argv
 from envport.core.progress import Progress, quiet
 from envport.core.verdict import StepResult, Verdict
@@ -63,14 +63,9 @@ print("ENVPORT-PARITY " + json.dumps(out, sort_keys=True))
 """
 
 
-def canonical(name: str) -> str:
-    """PEP 503 normalized project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def parse_freeze(lines: list[str], versions: Optional[dict] = None) -> dict[str, str]:
     """{normalized name: version} from `pip freeze` lines; `name @ url` lines get the installed version."""
-    by_name = {canonical(k): v for k, v in (versions or {}).items()}
+    by_name = {canonical_name(k): v for k, v in (versions or {}).items()}
     out: dict[str, str] = {}
     for line in lines:
         line = line.strip()
@@ -80,10 +75,10 @@ def parse_freeze(lines: list[str], versions: Optional[dict] = None) -> dict[str,
             name, version = line.split("==", 1)
         elif " @ " in line:
             name = line.split(" @ ", 1)[0]
-            version = by_name.get(canonical(name), "@ " + line.split(" @ ", 1)[1])
+            version = by_name.get(canonical_name(name), "@ " + line.split(" @ ", 1)[1])
         else:
-            name, version = line, by_name.get(canonical(line), "?")
-        name = canonical(name.split("[")[0].strip())
+            name, version = line, by_name.get(canonical_name(line), "?")
+        name = canonical_name(name.split("[")[0].strip())
         if name not in EXCLUDED_PACKAGES:
             out[name] = version.strip()
     return out
@@ -150,15 +145,10 @@ def envs_dir(path: Optional[str]):
             os.environ["ENVPORT_ENVS_DIR"] = old
 
 
-def _run(argv: list[str], stdin: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S,
-         env: Optional[dict] = None) -> tuple[Optional[int], str]:
-    try:
-        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
-    except FileNotFoundError:
-        return None, f"{argv[0]}: not found"
-    except subprocess.TimeoutExpired:
-        return None, f"no answer within {timeout:.0f}s"
-    return p.returncode, p.stdout + p.stderr
+def _probe(argv: list[str], stdin: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S,
+           env: Optional[dict] = None) -> tuple[Optional[int], str]:
+    ran = run(argv, stdin=stdin, timeout=timeout, env=env)
+    return ran.returncode, ran.text
 
 
 def _parse_probe(target: str, rc: Optional[int], out: str, facts: TargetFacts) -> Optional[str]:
@@ -181,13 +171,13 @@ def activate_and_probe(prefix_sh: str) -> str:
 
 
 def probe_docker(image: str, names: list[str], docker: str = "docker") -> tuple[Optional[int], str]:
-    return _run([docker, "run", "--rm", "-i", "--network", "none", image, "python3", "-", *names], stdin=PROBE)
+    return _probe([docker, "run", "--rm", "-i", "--network", "none", image, "python3", "-", *names], stdin=PROBE)
 
 
 def probe_local(prefix: str, names: list[str]) -> tuple[Optional[int], str]:
     # A clean environment like a fresh login: the caller's VIRTUAL_ENV or PYTHONPATH must not leak in.
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
-    return _run(["bash", "-c", activate_and_probe(shlex.quote(prefix)), "envport-parity", *names],
+    return _probe(["bash", "-c", activate_and_probe(shlex.quote(prefix)), "envport-parity", *names],
                 stdin=PROBE, env=env)
 
 
@@ -195,13 +185,13 @@ def probe_ssh(host, prefix: str, names: list[str]) -> tuple[Optional[int], str]:
 
     script = activate_and_probe(shlex.quote(prefix))
     remote = f"bash -c {shlex.quote(script)} envport-parity {' '.join(shlex.quote(n) for n in names)}"
-    return _run(ssh_argv(host) + [remote], stdin=PROBE)
+    return _probe(ssh_argv(host) + [remote], stdin=PROBE)
 
 
 def same_machine(host) -> bool:
     """True when the SSH host is this machine (same machine-id and hostname), e.g. the test sshd."""
 
-    rc, out = _run(ssh_argv(host) + ["cat /etc/machine-id 2>/dev/null; hostname"], timeout=15)
+    rc, out = _probe(ssh_argv(host) + ["cat /etc/machine-id 2>/dev/null; hostname"], timeout=15)
     if rc != 0:
         return False
     try:
@@ -317,7 +307,7 @@ def run_parity(loaded: Loaded, site, opts: ParityOptions, progress: Progress = q
                 env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
                 script = (f"P={shlex.quote(f.where)}; [ -f \"$P/.envport/env.sh\" ] && . \"$P/.envport/env.sh\"; "
                           "exec \"$P/bin/python\" - \"$@\"")
-                rc, text = _run(["bash", "-c", script, "envport-parity", *names], stdin=PROBE, env=env)
+                rc, text = _probe(["bash", "-c", script, "envport-parity", *names], stdin=PROBE, env=env)
                 problem = _parse_probe("conda", rc, text, f)
                 if problem:
                     f.build = StepResult("probe conda", Verdict.FAILED, problem)

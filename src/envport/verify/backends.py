@@ -27,19 +27,19 @@ import tempfile
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from envport.core import layout
 from envport.engines.ssh import env_preflight, prefix_expr, resolve_host, ssh_argv
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
+from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.verify.checks import CheckFailed, Facts, parse_env0, spec_checks
 from envport.verify.docker import USER_TESTS, default_junit
 from envport.verify.plugin import VerifyPlugin
 from envport.verify.report import outcome, progress_line, shown_path
 
-Progress = Callable[[str], None]
 TARGET = "venv"
 
 

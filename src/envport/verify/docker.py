@@ -18,12 +18,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.plan.steps import CONTAINER_VENV
 from envport.plan.site import Site
+from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.verify.checks import Facts, spec_checks
 from envport.verify.plugin import VerifyPlugin
@@ -34,7 +35,6 @@ USER_TESTS = Path("tests") / "images"
 REPORTS = Path("reports")
 VERIFY_LABEL = "envport.verify"
 
-Progress = Callable[[str], None]
 
 
 def default_junit(root: Path, name: str) -> Path:

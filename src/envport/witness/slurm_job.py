@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +29,7 @@ import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envport.core.layout import env_prefix
+from envport.core.proc import run
 from envport.core.errors import EnvportError, SpecError
 from envport.witness.launchers.base import WITNESS_DIR, LaunchResult
 from envport.witness.launchers.docker import DockerLauncher
@@ -38,6 +38,7 @@ from envport.witness.launchers.srun import SrunLauncher, venv_prelude
 from envport.spec.loader import problems_from, read_yaml
 from envport.core.progress import Progress, quiet, tail
 from envport.core.verdict import StepResult, Verdict
+from envport.witness.run import call_results
 
 CLUSTERS_DIR = Path("slurm") / "clusters"
 TARGETS = ("venv", "docker")
@@ -180,12 +181,11 @@ def load_cluster(ref: str, root: Optional[Path]) -> ClusterProfile:
 
 
 def _jinja() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
-                             undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True,
-                             comment_start_string="{##", comment_end_string="##}")
-    env.filters["q"] = lambda v: shlex.quote(str(v))
-    return env
+    # The renderers' environment (StrictUndefined, the shell-quoting filter, the `{##` comments
+    # that leave bash's ${#a[@]} alone), reading the sbatch templates from slurm/.
+    from envport.renderers import ENV
+
+    return ENV.overlay(loader=jinja2.FileSystemLoader(str(templates_dir())))
 
 
 @dataclasses.dataclass
@@ -330,13 +330,11 @@ class JobOutcome:
 
 
 def _run(argv: Sequence[str], timeout: float = 30) -> tuple[int, str, str]:
-    try:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        return 127, "", f"{argv[0]}: not found"
-    except subprocess.TimeoutExpired:
-        return 124, "", f"{argv[0]} did not answer within {timeout:.0f}s"
-    return p.returncode, p.stdout, p.stderr
+    """(rc, stdout, stderr) of a Slurm client command; 127/124 when it is missing or hangs."""
+    ran = run(argv, timeout=timeout)
+    if ran.returncode is None:
+        return (124 if "did not answer" in ran.why else 127), "", ran.why
+    return ran.returncode, ran.stdout, ran.stderr
 
 
 def submit(script: Path) -> tuple[Optional[str], str]:
@@ -523,19 +521,6 @@ def split_log(text: str) -> dict[str, Segment]:
         if current is not None:
             current.lines.append(line)
     return segments
-
-
-def call_results(spec, call, launched: LaunchResult) -> list[StepResult]:
-    """StepResults of one witness call, exactly as a local `envport witness` run judges them."""
-    from envport.witness import run as wr
-
-    records = wr.parse_sentinels(launched.output)
-    # witness_run has no public per-call converter; these are the ones run_witnesses uses.
-    if call.script == "basic.py":
-        return wr._basic_results(spec, call, records, launched)
-    if call.script == "kernel.py":
-        return wr._kernel_results(spec, call, records, launched)
-    return wr._dist_results(call, records, launched)
 
 
 def job_results(job: JobSpec, outcome: JobOutcome, log_text: str) -> list[StepResult]:

@@ -27,7 +27,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from envport import __version__
 from envport.recipe.identity import resolve
@@ -35,12 +35,12 @@ from envport.spec.loader import Loaded
 from envport.plan.steps import BaseStep, Plan
 from envport.recipe.render import render_plan
 from envport.plan.site import Site
+from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.build.docker import context as docker_context
 from envport.engines.docker import NO_BUILDKIT_FIX, buildkit_cli, connect, get_image, run_buildkit
 from envport.build.docker.log import BuildkitLog, LegacyLog, StepRef, instruction_steps
 
-Progress = Callable[[str], None]
 TARGET = "docker"
 
 

@@ -31,6 +31,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from envport.plan.steps import PipStep, Plan, step_marker
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, Rendering
 from envport.build.wheelhouse import MANIFEST
+from envport.core.files import write_atomic
 
 InvalidFilename = (InvalidSdistFilename, InvalidWheelFilename)
 
@@ -164,10 +165,7 @@ def phase_wheels(plan: Plan, wheelhouse: Path, cache_file: Path, progress=None) 
         changed = True
         out[step_marker(step)] = names
     if changed:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(cache_file)
+        write_atomic(cache_file, json.dumps(cache, indent=1, sort_keys=True))
     return out
 
 

@@ -59,11 +59,10 @@ def _cache_file(root: Path, name: str, site_name: str | None) -> Path:
 
 
 def remember(root: Path, name: str, site_name: str | None, hash_: str, tag: str) -> None:
-    path = _cache_file(root, name, site_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"digest": inputs_digest(root, name, site_name), "hash": hash_, "tag": tag}))
-    tmp.replace(path)
+    from envport.core.files import write_atomic
+
+    write_atomic(_cache_file(root, name, site_name),
+                 json.dumps({"digest": inputs_digest(root, name, site_name), "hash": hash_, "tag": tag}))
 
 
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import uuid
 from typing import Mapping, Optional, Sequence
 
 from envport.core.verdict import StepResult, Verdict
 from envport.witness.launchers.base import Invocation, Launcher
+from envport.witness.scripts.envport_sentinel import free_port
 from envport.witness.launchers.docker import DockerLauncher
 
 RANK_MAP = [
@@ -55,13 +55,6 @@ DOCKER_TASK = [
 ]
 
 _NAME_PLACEHOLDER = "@ENVPORT-CONTAINER@"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def venv_prelude(prefix: str) -> list[str]:

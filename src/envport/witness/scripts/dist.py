@@ -32,7 +32,6 @@ import faulthandler
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -43,28 +42,9 @@ import warnings
 T_START = time.time()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from envport_sentinel import emit, faults  # noqa: E402
+from envport_sentinel import HARDENING_ENV, emit, faults, free_port  # noqa: E402
 
-# Set before any process group exists (setdefault: the launcher may know better).
-# Async error handling lets a failed NCCL rank tear the group down instead of
-# leaving its peers blocked; expandable segments avoid fragmentation OOMs.
-HARDENING_ENV = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-}
 CHUNK = 4  # elements each rank contributes; small, so a mismatch prints whole
-
-
-def free_port():
-    """One OS-assigned port, chosen once here and handed to every rank.
-
-    Ranks that each picked a port, or a hard-coded one, collide across
-    concurrent runs (CI, worktrees) and race to rebind.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _install_stack_dumps(stack_file):

@@ -9,10 +9,31 @@ nothing but the stdlib: it is bind-mounted into envs, never installed there.
 
 import json
 import os
+import socket
 import sys
 
 PREFIX = "ENVPORT-WITNESS "
 FAULT_ENV = "ENVPORT_WITNESS_FAULT"  # test-only: "hang:1", "wrong:1", "crash:1[,...]"
+# Set before any process group exists (setdefault: the launcher may know better).
+# Async error handling lets a failed NCCL rank tear the group down instead of
+# leaving its peers blocked; expandable segments avoid fragmentation OOMs.
+# The doctor's launch recipe exports the same (one definition, shared by both).
+HARDENING_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+
+
+def free_port():
+    """One OS-assigned port, chosen once and handed to every rank.
+
+    Ranks that each picked a port, or a hard-coded one, collide across
+    concurrent runs (CI, worktrees) and race to rebind.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def emit(record):

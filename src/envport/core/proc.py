@@ -1,0 +1,45 @@
+"""One way to run a short external command and keep what it said.
+
+Probes (nvidia-smi, sbatch/squeue/scontrol, docker/ssh/bash parity probes,
+a torch probe) all need the same three things: a timeout, "not installed"
+told apart from "failed", and the output kept for the verdict's tail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: Optional[int]  # None: it did not start, or did not answer in time (see `why`)
+    stdout: str = ""
+    stderr: str = ""
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def text(self) -> str:
+        """stdout and stderr together, or why it never answered."""
+        return (self.stdout + self.stderr) if self.returncode is not None else self.why
+
+
+def run(argv: Sequence[str], *, timeout: float = 30, stdin: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None) -> Ran:
+    argv = list(argv)
+    try:
+        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
+                           env=dict(env) if env is not None else None,
+                           stdin=None if stdin is not None else subprocess.DEVNULL)
+    except FileNotFoundError:
+        return Ran(None, why=f"{argv[0]}: not found")
+    except OSError as exc:
+        return Ran(None, why=f"{argv[0]}: {exc.strerror or exc}")
+    except subprocess.TimeoutExpired:
+        return Ran(None, why=f"{argv[0]} did not answer within {timeout:.0f}s")
+    return Ran(p.returncode, p.stdout, p.stderr)
