@@ -27,7 +27,9 @@ from envport.build.apptainer.post_runner import (RunnerError, copy_files, mounts
                                                  resolve_in_root, run_post)
 from envport.build.apptainer.singularity_d import prepare_rootfs
 
-from .apptainer_rootfs import base_rootfs_tar, image_config, rootfs  # noqa: F401  (fixtures)
+
+# The rootfs, image_config and base_rootfs_tar fixtures (docker base image exported).
+pytest_plugins = ["tests.apptainer_rootfs"]
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="%post runs as root, as apptainer's root build does"),
@@ -52,7 +54,7 @@ def context(tmp_path: Path) -> Path:
     return ctx
 
 
-def test_post_writes_files_and_reports_steps(rootfs: Path, image_config: dict):  # noqa: F811
+def test_post_writes_files_and_reports_steps(rootfs: Path, image_config: dict):
     prepare_rootfs(rootfs, image_env=image_config["Env"])
     d = def_with("""\
         set -eu
@@ -84,7 +86,7 @@ def test_post_writes_files_and_reports_steps(rootfs: Path, image_config: dict): 
     assert mounts_under(rootfs) == []
 
 
-def test_failing_step_is_named_with_the_tail(rootfs: Path):  # noqa: F811
+def test_failing_step_is_named_with_the_tail(rootfs: Path):
     d = def_with("""\
         set -eu
         # step 1/3 base: base
@@ -105,12 +107,12 @@ def test_failing_step_is_named_with_the_tail(rootfs: Path):  # noqa: F811
     assert not any("step 3/3" in line for line in result.tail)
 
 
-def test_tail_keeps_the_last_40_lines(rootfs: Path):  # noqa: F811
+def test_tail_keeps_the_last_40_lines(rootfs: Path):
     result = run_post(def_with("set +x\ni=0\nwhile [ $i -lt 100 ]; do echo line $i; i=$((i+1)); done\n"), rootfs)
     assert result.ok and len(result.tail) == 40 and result.tail[-1] == "line 99"
 
 
-def test_files_are_copied_before_post_and_visible_there(rootfs: Path, context: Path):  # noqa: F811
+def test_files_are_copied_before_post_and_visible_there(rootfs: Path, context: Path):
     d = def_with("""\
         test "$(cat /opt/app/tool.py)" = "print('tool')"
         test -f /opt/app/tree/sub/leaf.txt
@@ -126,7 +128,7 @@ def test_files_are_copied_before_post_and_visible_there(rootfs: Path, context: P
     assert (rootfs / "opt/app/seen").read_text() == "seen\n"
 
 
-def test_relative_rootfs_and_context_paths(rootfs: Path, context: Path, monkeypatch):  # noqa: F811
+def test_relative_rootfs_and_context_paths(rootfs: Path, context: Path, monkeypatch):
     monkeypatch.chdir(rootfs.parent)
     d = def_with("test -f /opt/rel/tool.py\n", files="    files/tool.py /opt/rel/tool.py\n")
     rel_context = os.path.relpath(context, rootfs.parent)
@@ -134,7 +136,7 @@ def test_relative_rootfs_and_context_paths(rootfs: Path, context: Path, monkeypa
     assert run_post(d, "rootfs").ok
 
 
-def test_files_under_tmp_are_hidden_from_post_as_under_apptainer(rootfs: Path, context: Path):  # noqa: F811
+def test_files_under_tmp_are_hidden_from_post_as_under_apptainer(rootfs: Path, context: Path):
     d = def_with("test -f /tmp/tool.py\n", files='    "files/tool.py" "/tmp/tool.py"\n')
     copy_files(d, rootfs, context)
     assert (rootfs / "tmp/tool.py").is_file()
@@ -142,7 +144,7 @@ def test_files_under_tmp_are_hidden_from_post_as_under_apptainer(rootfs: Path, c
     assert result.rc == 1, "apptainer hides the image's /tmp during %post; so must we"
 
 
-def test_files_cannot_escape_the_rootfs_through_image_symlinks(rootfs: Path, context: Path, tmp_path: Path):  # noqa: F811
+def test_files_cannot_escape_the_rootfs_through_image_symlinks(rootfs: Path, context: Path, tmp_path: Path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (rootfs / "opt" / "evil").symlink_to(outside)  # absolute: means /<outside> inside the image
@@ -153,20 +155,21 @@ def test_files_cannot_escape_the_rootfs_through_image_symlinks(rootfs: Path, con
     assert resolve_in_root(rootfs, "/opt/evil" + "/.." * 30 + "/etc/passwd") == rootfs / "etc/passwd"
 
 
-def test_missing_files_source_is_refused(rootfs: Path, context: Path):  # noqa: F811
+def test_missing_files_source_is_refused(rootfs: Path, context: Path):
     d = def_with(":\n", files="    files/nope.py /opt/nope.py\n")
     with pytest.raises(RunnerError) as err:
         copy_files(d, rootfs, context)
     assert err.value.reason == "missing_source" and "files/nope.py" in str(err.value)
+    assert str(err.value).startswith("t.def:5: ")
 
 
-def test_timeout_kills_post(rootfs: Path):  # noqa: F811
+def test_timeout_kills_post(rootfs: Path):
     start = time.monotonic()
     result = run_post(def_with("echo start\nsleep 30\n"), rootfs, timeout_s=1)
     assert result.timed_out and result.rc != 0 and time.monotonic() - start < 10
 
 
-def test_sigkill_of_the_builder_leaves_no_process_and_no_mount(rootfs: Path):  # noqa: F811
+def test_sigkill_of_the_builder_leaves_no_process_and_no_mount(rootfs: Path):
     code = textwrap.dedent(f"""
         from envport.build.apptainer.deffile import parse_def
         from envport.build.apptainer.post_runner import run_post

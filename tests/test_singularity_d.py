@@ -21,8 +21,10 @@ import pytest
 from envport.build.apptainer import singularity_d as sd
 from envport.build.apptainer.deffile import parse_def
 
-from .apptainer_rootfs import base_rootfs_tar, image_config, rootfs  # noqa: F401  (fixtures)
 from .support import REPO
+
+# The rootfs, image_config and base_rootfs_tar fixtures (docker base image exported).
+pytest_plugins = ["tests.apptainer_rootfs"]
 
 CREATED = 1_700_000_000  # Tuesday 14 November 2023 22:13:20 UTC
 CHROOT = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
@@ -246,7 +248,7 @@ def check_probe(out: str) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or CHROOT is None, reason="chroot needs root and the chroot binary")
-def test_exec_action_in_chroot_sees_environment(rootfs: Path, image_config: dict):  # noqa: F811
+def test_exec_action_in_chroot_sees_environment(rootfs: Path, image_config: dict):
     finished_rootfs(rootfs, image_config)
     for entry in ("/.singularity.d/actions/exec", "/.exec"):
         proc = subprocess.run([CHROOT, str(rootfs), entry, "sh", "-c", PROBE], capture_output=True, text=True,
@@ -261,7 +263,7 @@ def test_exec_action_in_chroot_sees_environment(rootfs: Path, image_config: dict
 
 
 @pytest.mark.skipif(CH_RUN is None, reason="ch-run missing: apt-get install charliecloud-runtime")
-def test_ch_run_through_the_exec_action(rootfs: Path, image_config: dict):  # noqa: F811
+def test_ch_run_through_the_exec_action(rootfs: Path, image_config: dict):
     finished_rootfs(rootfs, image_config)
     proc = subprocess.run([CH_RUN, str(rootfs), "--", "/.singularity.d/actions/exec", "sh", "-c", PROBE],
                           capture_output=True, text=True, env={"USER": "root", "PATH": "/usr/bin:/bin"}, timeout=60)

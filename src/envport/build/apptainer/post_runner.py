@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .deffile import DefFile, PostStep, match_step
+from .deffile import DefFile, FileCopy, PostStep, match_step
 
 TAIL_LINES = 40
 POST_SCRIPT = ".post.script"
@@ -136,12 +136,14 @@ def resolve_in_root(root: Path, path: str) -> Path:
     return root.joinpath(*resolved)
 
 
-def _sources(src: str, context: Path) -> list[str]:
-    pattern = src if os.path.isabs(src) else str(context / src)
+def _sources(deffile: DefFile, item: FileCopy, context: Path) -> list[str]:
+    """The host paths a %files SRC names; apptainer expands shell globs in it."""
+    pattern = item.src if os.path.isabs(item.src) else str(context / item.src)
     found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
     if not found or not all(os.path.lexists(p) for p in found):
-        raise RunnerError("missing_source", f"%files source {src!r} not found (looked in {context}); "
-                                            "render the .def's files/ next to it or fix the path")
+        raise RunnerError("missing_source", f"{deffile.source}:{item.line}: %files source {item.src!r} not "
+                                            f"found (looked in {context}); render the .def's files next to "
+                                            "it or fix the path")
     return found
 
 
@@ -151,7 +153,7 @@ def copy_files(deffile: DefFile, root: str | os.PathLike, context: str | os.Path
     _require_rootfs(root)
     copied = []
     for item in deffile.files:
-        for src in _sources(item.src, context):
+        for src in _sources(deffile, item, context):
             dst_rel = item.dst or (src if os.path.isabs(item.src) else os.path.relpath(src, context))
             dst = resolve_in_root(root, dst_rel)
             if dst_rel.endswith("/"):
