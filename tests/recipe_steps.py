@@ -71,10 +71,6 @@ def dockerfile_steps(text: str) -> list[tuple[str, str]]:
     return steps
 
 
-def dockerfile_markers(text: str) -> list[str]:
-    return [m for m, _ in dockerfile_steps(text)]
-
-
 def def_recipe(text: str):
     from spython.main.parse.parsers import SingularityParser
 

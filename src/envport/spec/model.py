@@ -9,7 +9,6 @@ that would break a Dockerfile line or a `.def` section.
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
 from typing import Annotated, Any, Optional, Union
@@ -344,11 +343,6 @@ class Spec(Model):
                 raise ValueError(f"weight_dirs.{other} and weight_dirs.{wname} both set {w.env} "
                                  f"({value[other].path!r} vs {w.path!r}); give each its own variable")
         return value
-
-    def dtensor_world(self) -> int:
-        if not self.witnesses.dtensor:
-            return 0
-        return math.prod(self.witnesses.dtensor.mesh)
 
 
 def canonical_name(name: str) -> str:
