@@ -15,13 +15,15 @@ from pathlib import Path
 
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
-from envport.engines.docker import engine_problem, image_exists
 
 SCRIPT = Path(__file__).parent / "data" / "debian-base-image.sh"
 RECIPES = {"debian-bookworm": "envport/debian-bookworm:base"}
 
 
 def build_base(name: str, progress: Progress, tag: str | None = None, rebuild: bool = False) -> StepResult:
+    # Imported here: `envport --help` registers this command and must not pay for the engine module.
+    from envport.engines.docker import engine_problem, image_exists
+
     tag = tag or RECIPES[name]
     step = f"base {name}"
     start = time.monotonic()

@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 
 def _fast_present(args) -> int | None:
-    """Docker `present` without loading the spec (see envport.present_cache)."""
+    """Docker `present` without loading the spec (see envport.build.docker.present)."""
     from pathlib import Path
 
     from envport.build.docker.present import present

@@ -38,13 +38,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.report import parity
+    from envport.commands._common import load_one
     from envport.core.errors import EnvportError
     from envport.core.progress import stderr_progress
-    from envport.plan.site import load_site
     from envport.core.verdict import exit_code
+    from envport.plan.site import load_site
     from envport.recipe.identity import resolve
-    from envport.commands._common import load_one
+    from envport.report import parity
 
     targets = [t.strip() for item in args.target for t in item.split(",") if t.strip()]
     bad = [t for t in targets if t not in TARGET_CHOICES]
@@ -54,51 +54,51 @@ def run(args) -> int:
     site = load_site(args.site, loaded.root)
     identity = resolve(loaded, site, "docker").identity
     out = sys.stdout
-
-    def on_target(f) -> None:
-        if args.json:
-            return
-        if f.skipped:
-            print(f"skipped  {f.target:<14} {f.skipped}", file=out)
-        elif f.build is not None and not f.build.verdict.ok:
-            print(f"{f.build.verdict.value:<8} {f.target:<14} {f.build.detail}", file=out)
-            for ln in f.build.lines[-15:]:
-                print(f"    | {ln}", file=out)
-        else:
-            print(f"{f.build.verdict.value:<8} {f.target:<14} python {f.python}, {len(f.packages)} packages, "
-                  f"{f.where} ({f.seconds:.1f}s)", file=out)
-        out.flush()
-
     opts = parity.ParityOptions(targets=tuple(targets) or TARGET_CHOICES, hosts=args.host,
                                 local_envs_dir=args.envs_dir, ssh_envs_dir=args.ssh_envs_dir,
-                                rebuild=args.rebuild, on_target=on_target)
+                                rebuild=args.rebuild, on_target=None if args.json else lambda f: _print_target(f, out))
     if not args.json:
         print(f"envport parity {identity.ref}", file=out)
     t0 = time.monotonic()
     facts = parity.run_parity(loaded, site, opts, progress=stderr_progress)
-    total = time.monotonic() - t0
     diffs = parity.differences(loaded, facts)
-    result = parity.judge(loaded, facts, diffs, total)
-    code = exit_code([result])
+    result = parity.judge(loaded, facts, diffs, time.monotonic() - t0)
     if not args.no_ledger:
         _record(loaded, identity.hash, facts, result, diffs)
     if args.json:
         json.dump({"env": loaded.spec.name, "hash": identity.hash, "verdict": result.verdict.value,
-                   "exit_code": code, "seconds": round(total, 3), "summary": result.detail, "targets": [f.to_dict() for f in facts],
+                   "exit_code": exit_code([result]), "seconds": round(result.seconds, 3), "summary": result.detail,
+                   "targets": [f.to_dict() for f in facts],
                    "differences": [{"kind": d.kind, "name": d.name, "values": d.values} for d in diffs]},
                   out, indent=2)
         out.write("\n")
-        return code
+    else:
+        _print_table(loaded, facts, diffs, result, out)
+    return exit_code([result])
+
+
+def _print_target(f, out) -> None:
+    if f.skipped:
+        print(f"skipped  {f.target:<14} {f.skipped}", file=out)
+    elif f.build is not None and not f.build.verdict.ok:
+        print(f"{f.build.verdict.value:<8} {f.target:<14} {f.build.detail}", file=out)
+        for ln in f.build.lines[-15:]:
+            print(f"    | {ln}", file=out)
+    else:
+        print(f"{f.build.verdict.value:<8} {f.target:<14} python {f.python}, {len(f.packages)} packages, "
+              f"{f.where} ({f.seconds:.1f}s)", file=out)
+    out.flush()
+
+
+def _print_table(loaded, facts, diffs, result, out) -> None:
+    from envport.report import parity
+
     lines = parity.table(loaded, facts, diffs)
     if lines:
-        print("", file=out)
-        for ln in lines:
-            print(ln, file=out)
-        print("", file=out)
+        print("", *lines, "", sep="\n", file=out)
     for d in diffs:
         print(f"DIFF     {d.line()}", file=out)
-    print(f"{result.verdict.value} parity {loaded.spec.name}: {result.detail} ({total:.1f}s)", file=out)
-    return code
+    print(f"{result.verdict.value} parity {loaded.spec.name}: {result.detail} ({result.seconds:.1f}s)", file=out)
 
 
 def _record(loaded, hash_: str, facts, result, diffs) -> None:

@@ -68,94 +68,82 @@ def run_clusters(args) -> int:
 
 
 def run_submit(args) -> int:
-    from envport.witness import slurm_job as slurm
-    from envport.recipe.identity import resolve
-    from envport.core.progress import stderr_progress
-    from envport.plan.site import load_site
-    from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, report
-    from envport.witness.checks import check_world_size, parse_checks
-    from envport.witness.run import WitnessOptions, overall, plan, requires_gpu
-    from envport.witness.scripts.envport_sentinel import FAULT_ENV
     from envport.commands._common import load_one, project_root
+    from envport.core.progress import stderr_progress
+    from envport.core.verdict import report
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.witness import slurm_job as slurm
+    from envport.witness.checks import check_world_size, parse_checks
+    from envport.witness.run import WitnessOptions, overall
 
     only = parse_checks(args.check, "--check")
     check_world_size(args.world_size)
     loaded = load_one(args, args.name)
-    root = loaded.root
-    spec = loaded.spec
     profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
     opts = WitnessOptions(only=only, world_size=args.world_size, deadline_s=args.deadline)
+    identity = resolve(loaded, load_site(args.site, loaded.root), args.target).identity
+    job = _job(args, loaded, identity, profile, opts)
+    refusal = slurm.refusal(job, opts)
+    if args.dry_run:
+        return _dry_run(args, job, refusal)
+    progress = stderr_progress if not args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    t0 = time.monotonic()
+    results, facts = ([refusal], {"cluster": profile.name}) if refusal is not None else \
+        slurm.run_job(job, slurm.render(job, slurm.node_cpu_limit(profile.partition)), progress=progress)
+    result = overall(results, time.monotonic() - t0)
+    if not args.no_ledger and refusal is None:
+        from envport.report import ledger
+
+        ledger.record(loaded.root, loaded.spec, kind="witness", target=args.target, hash_=identity.hash,
+                      result=result, launcher=f"slurm sbatch+srun on cluster {profile.name}", slurm=facts,
+                      options={"only": only, "world_size": args.world_size, "deadline": args.deadline},
+                      **({"image": job.image} if job.image else {"prefix": job.prefix}))
+    if args.json:
+        json.dump({"env": identity.name, "hash": identity.hash, "target": args.target, "cluster": profile.name,
+                   "verdict": result.verdict.value, "exit_code": result.data["exit_code"],
+                   "seconds": round(result.seconds, 3), **facts, "script_path": str(job.script_path),
+                   "steps": result.data["steps"]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return result.data["exit_code"]
+    report(results, False)
+    where = f"Slurm job {facts['job_id']}" if facts.get("job_id") else "Slurm"
+    print(f"{result.verdict.value}: {identity.name} witnesses ({args.target}) as {where} on cluster "
+          f"{profile.name} in {result.seconds:.1f}s ({result.detail})")
+    return result.data["exit_code"]
+
+
+def _job(args, loaded, identity, profile, opts):
+    """The batch job for --target: the image the site built (docker) or the env on the nodes (venv)."""
+    from envport.witness import slurm_job as slurm
+    from envport.witness.run import plan
+    from envport.witness.scripts.envport_sentinel import FAULT_ENV
+
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     if os.environ.get(FAULT_ENV):
         env[FAULT_ENV] = os.environ[FAULT_ENV]  # test-only fault switch, as `envport witness` passes it
-    identity = resolve(loaded, load_site(args.site, root), args.target).identity
     image = prefix = None
     if args.target == "docker":
         image = args.image or identity.image_tag
     else:
-        prefix = args.prefix or slurm.default_prefix(spec.name, profile)
-    calls = plan(spec, opts)
-    job = slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target, calls=calls,
-                        job_dir=slurm.new_job_dir(profile, spec.name), env=env, image=image, prefix=prefix)
+        prefix = args.prefix or slurm.default_prefix(loaded.spec.name, profile)
+    return slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
+                         calls=plan(loaded.spec, opts), job_dir=slurm.new_job_dir(profile, loaded.spec.name),
+                         env=env, image=image, prefix=prefix)
 
-    refusal = None
-    if not calls:
-        refusal = StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --check left none)")
-    elif args.target == "docker" and profile.container_runtime != "docker":
-        refusal = StepResult("slurm", Verdict.REFUSED, f"cluster {profile.name} runs containers with "
-                             f"{profile.container_runtime}, not docker", reason="no_container_runtime",
-                             lines=["fix: --target venv, or set container_runtime: docker in the profile"])
-    elif requires_gpu(spec, opts) and not (profile.gres and "gpu" in profile.gres):
-        refusal = StepResult("slurm", Verdict.REFUSED, f"the spec asks for {spec.resources.gpus} GPU(s); cluster "
-                             f"{profile.name} requests none (gres)", reason=NO_ACCELERATOR_REASON,
-                             lines=["fix: use a GPU cluster profile (gres: gpu:N)"])
 
-    if args.dry_run:
-        text = slurm.render(job, slurm.node_cpu_limit(profile.partition))
-        if args.json:
-            json.dump({"env": spec.name, "hash": identity.hash, "target": args.target, "cluster": profile.name,
-                       "script_path": str(job.script_path), "log": str(job.log_path), "script": text,
-                       "refused": refusal.to_dict() if refusal else None}, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(text)
-            if refusal:
-                print(f"# note: {refusal.line()}", file=sys.stderr)
-        return 0
+def _dry_run(args, job, refusal) -> int:
+    from envport.witness import slurm_job as slurm
 
-    import shutil
-
-    if refusal is None and shutil.which("sbatch") is None:
-        refusal = StepResult("slurm", Verdict.REFUSED, "no sbatch on PATH", reason="no_slurm",
-                             lines=["fix: run on a Slurm login node (Debian: apt-get install slurm-client)"])
-    progress = stderr_progress if not args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    t0 = time.monotonic()
-    facts: dict = {"cluster": profile.name}
-    if refusal is not None:
-        results = [refusal]
-    else:
-        text = slurm.render(job, slurm.node_cpu_limit(profile.partition))
-        results, facts = slurm.run_job(job, text, progress=progress)
-    result = overall(results, time.monotonic() - t0)
-    code = result.data["exit_code"]
-    if not args.no_ledger and refusal is None:
-        from envport.report import ledger
-
-        ledger.record(root, spec, kind="witness", target=args.target, hash_=identity.hash, result=result,
-                      launcher=f"slurm sbatch+srun on cluster {profile.name}", slurm=facts,
-                      options={"only": only, "world_size": args.world_size, "deadline": args.deadline},
-                      **({"image": image} if image else {"prefix": prefix}))
+    text = slurm.render(job, slurm.node_cpu_limit(job.profile.partition))
     if args.json:
-        json.dump({"env": spec.name, "hash": identity.hash, "target": args.target, "cluster": profile.name,
-                   "verdict": result.verdict.value, "exit_code": code, "seconds": round(result.seconds, 3),
-                   **facts, "script_path": str(job.script_path), "steps": result.data["steps"]},
-                  sys.stdout, indent=2)
+        json.dump({"env": job.identity.name, "hash": job.identity.hash, "target": args.target,
+                   "cluster": job.profile.name, "script_path": str(job.script_path), "log": str(job.log_path),
+                   "script": text, "refused": refusal.to_dict() if refusal else None}, sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return code
-    report(results, False)
-    job_id = facts.get("job_id")
-    where = f"Slurm job {job_id}" if job_id else "Slurm"
-    print(f"{result.verdict.value}: {spec.name} witnesses ({args.target}) as {where} on cluster {profile.name} "
-          f"in {result.seconds:.1f}s ({result.detail})")
-    return code
+    else:
+        sys.stdout.write(text)
+        if refusal:
+            print(f"# note: {refusal.line()}", file=sys.stderr)
+    return 0

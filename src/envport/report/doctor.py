@@ -370,7 +370,7 @@ def render_infra_md(report: dict) -> str:
         "```sh",
         "envport witness NAME --target venv            # ~/.envport/envs/NAME/bin/python",
         "envport witness NAME --target docker          # envport/NAME:<hash12>, witnesses mounted read-only",
-        "python src/envport/witnesses/dist.py --world-size 4 --checks collectives,dtensor --mesh 2,2",
+        "python src/envport/witness/scripts/dist.py --world-size 4 --checks collectives,dtensor --mesh 2,2",
         "```",
         "",
         "Slurm (one process per rank; `dist.py` runs just its own rank from "

@@ -229,91 +229,94 @@ def _skip_or_fail(facts: TargetFacts, results: list[StepResult]) -> bool:
 
 def run_parity(loaded: Loaded, site, opts: ParityOptions, progress: Progress = quiet) -> list[TargetFacts]:
     """Build (or find present) and probe every target; one TargetFacts each, in order."""
+    out: list[TargetFacts] = []
+    for target in opts.targets:
+        for f in TARGET_RUNNERS[target](loaded, site, opts, progress):
+            out.append(f)
+            if opts.on_target:
+                opts.on_target(f)
+    return out
+
+
+def _probed(f: TargetFacts, label: str, results: list[StepResult], probe) -> TargetFacts:
+    """Record the build; when it went through, probe the env where it lives (`probe(where)` -> (rc, text))."""
+    if _skip_or_fail(f, results):
+        f.where = results[-1].data.get("image") or results[-1].data.get("prefix") or ""
+        rc, text = probe(f.where)
+        problem = _parse_probe(label, rc, text, f)
+        if problem:
+            f.build = StepResult(f"probe {label}", Verdict.FAILED, problem)
+    return f
+
+
+def _docker_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+    from envport.build.docker import builder as docker_builder
+
+    f, t0 = TargetFacts("docker"), time.monotonic()
+    progress("parity: docker: building (or finding present)")
+    results = docker_builder.build(loaded, site, loaded.root, rebuild=opts.rebuild, progress=progress)
+    _probed(f, "docker", results, lambda where: probe_docker(where, env_names(loaded)))
+    f.seconds = time.monotonic() - t0
+    return [f]
+
+
+def _venv(loaded: Loaded, site, opts: ParityOptions, progress: Progress, label: str, host: Optional[str],
+          dir_: Optional[str]) -> TargetFacts:
     from envport.build import shell
 
+    f, t0 = TargetFacts(label), time.monotonic()
+    progress(f"parity: {label}: building (or finding present)" + (f" in {dir_}" if dir_ else ""))
+    with envs_dir(dir_):
+        results = shell.build(loaded, site, loaded.root, flavour="venv", host=host, rebuild=opts.rebuild,
+                              progress=progress)
     names = env_names(loaded)
-    root = loaded.root
-    out: list[TargetFacts] = []
+    if host is None:
+        _probed(f, label, results, lambda where: probe_local(where, names))
+    else:
+        _probed(f, label, results, lambda where: probe_ssh(resolve_host(site, host), where, names))
+    f.seconds = time.monotonic() - t0
+    return f
 
-    def done(f: TargetFacts) -> None:
-        out.append(f)
-        if opts.on_target:
-            opts.on_target(f)
 
-    if "docker" in opts.targets:
-        f = TargetFacts("docker")
-        t0 = time.monotonic()
-        try:
-            from envport.build.docker import builder as docker_builder
-        except ImportError as exc:  # the docker builder (or its SDK) is not installed here
-            f.skipped = f"no docker builder: {exc}"
-        else:
-            progress("parity: docker: building (or finding present)")
-            results = docker_builder.build(loaded, site, root, rebuild=opts.rebuild, progress=progress)
-            if _skip_or_fail(f, results):
-                f.where = results[-1].data.get("image") or ""
-                rc, text = probe_docker(f.where, names)
-                problem = _parse_probe("docker", rc, text, f)
-                if problem:
-                    f.build = StepResult("probe docker", Verdict.FAILED, problem)
-        f.seconds = time.monotonic() - t0
-        done(f)
+def _venv_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+    return [_venv(loaded, site, opts, progress, "venv", None, opts.local_envs_dir or os.environ.get("ENVPORT_ENVS_DIR"))]
 
-    def venv_target(label: str, host: Optional[str], dir_: Optional[str]) -> TargetFacts:
-        f = TargetFacts(label)
-        t0 = time.monotonic()
-        progress(f"parity: {label}: building (or finding present)"
-                 + (f" in {dir_}" if dir_ else ""))
-        with envs_dir(dir_):
-            results = shell.build(loaded, site, root, flavour="venv", host=host, rebuild=opts.rebuild,
-                                  progress=progress)
-        if _skip_or_fail(f, results):
-            f.where = results[-1].data.get("prefix") or ""
-            if host is None:
-                rc, text = probe_local(f.where, names)
-            else:
-                rc, text = probe_ssh(resolve_host(site, host), f.where, names)
-            problem = _parse_probe(label, rc, text, f)
-            if problem:
-                f.build = StepResult(f"probe {label}", Verdict.FAILED, problem)
-        f.seconds = time.monotonic() - t0
-        return f
 
-    if "venv" in opts.targets:
-        done(venv_target("venv", None, opts.local_envs_dir or os.environ.get("ENVPORT_ENVS_DIR")))
-
-    if "ssh" in opts.targets:
-        hosts = opts.hosts if opts.hosts is not None else sorted(site.hosts)
-        if not hosts:
-            done(TargetFacts("venv@ssh", skipped="no_ssh_host: the site profile names no hosts; pass --host"))
-        for h in hosts:
-            target = resolve_host(site, h)
-            dir_ = opts.ssh_envs_dir or os.environ.get("ENVPORT_SSH_ENVS_DIR")
-            if not dir_ and same_machine(target):
-                # Same machine: a separate folder, or the "remote" build would find the local one present.
-                dir_ = SAME_MACHINE_SSH_ENVS_DIR
-            done(venv_target(f"venv@{h}", h, dir_))
-
-    if "conda" in opts.targets:
-        conda = next((c for c in ("micromamba", "mamba", "conda") if shutil.which(c)), None)
-        if conda is None:
-            done(TargetFacts("conda", skipped="no_conda: no micromamba, mamba or conda on PATH"))
-        else:
-            f = TargetFacts("conda")
-            t0 = time.monotonic()
-            results = shell.build(loaded, site, root, flavour="conda", rebuild=opts.rebuild, progress=progress)
-            if _skip_or_fail(f, results):
-                f.where = results[-1].data.get("prefix") or ""
-                env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-                script = (f"P={shlex.quote(f.where)}; [ -f \"$P/.envport/env.sh\" ] && . \"$P/.envport/env.sh\"; "
-                          "exec \"$P/bin/python\" - \"$@\"")
-                rc, text = _probe(["bash", "-c", script, "envport-parity", *names], stdin=PROBE, env=env)
-                problem = _parse_probe("conda", rc, text, f)
-                if problem:
-                    f.build = StepResult("probe conda", Verdict.FAILED, problem)
-            f.seconds = time.monotonic() - t0
-            done(f)
+def _ssh_targets(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+    hosts = opts.hosts if opts.hosts is not None else sorted(site.hosts)
+    if not hosts:
+        return [TargetFacts("venv@ssh", skipped="no_ssh_host: the site profile names no hosts; pass --host")]
+    out = []
+    for h in hosts:
+        dir_ = opts.ssh_envs_dir or os.environ.get("ENVPORT_SSH_ENVS_DIR")
+        if not dir_ and same_machine(resolve_host(site, h)):
+            # Same machine: a separate folder, or the "remote" build would find the local one present.
+            dir_ = SAME_MACHINE_SSH_ENVS_DIR
+        out.append(_venv(loaded, site, opts, progress, f"venv@{h}", h, dir_))
     return out
+
+
+def _conda_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+    from envport.build import shell
+
+    if not any(shutil.which(c) for c in ("micromamba", "mamba", "conda")):
+        return [TargetFacts("conda", skipped="no_conda: no micromamba, mamba or conda on PATH")]
+    f, t0 = TargetFacts("conda"), time.monotonic()
+    results = shell.build(loaded, site, loaded.root, flavour="conda", rebuild=opts.rebuild, progress=progress)
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+
+    def probe(where: str):
+        script = (f"P={shlex.quote(where)}; [ -f \"$P/.envport/env.sh\" ] && . \"$P/.envport/env.sh\"; "
+                  "exec \"$P/bin/python\" - \"$@\"")
+        return _probe(["bash", "-c", script, "envport-parity", *env_names(loaded)], stdin=PROBE, env=env)
+
+    _probed(f, "conda", results, probe)
+    f.seconds = time.monotonic() - t0
+    return [f]
+
+
+# Each target's runner: build (or find present), then probe; the order of `--target` is kept.
+TARGET_RUNNERS = {"docker": _docker_target, "venv": _venv_target, "ssh": _ssh_targets, "conda": _conda_target}
 
 
 def compared(facts: list[TargetFacts]) -> list[TargetFacts]:

@@ -37,7 +37,7 @@ from envport.witness.launchers.local import LocalLauncher
 from envport.witness.launchers.srun import SrunLauncher, venv_prelude
 from envport.spec.loader import problems_from, read_yaml
 from envport.core.progress import Progress, quiet, tail
-from envport.core.verdict import StepResult, Verdict
+from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.witness.run import call_results
 
 CLUSTERS_DIR = Path("slurm") / "clusters"
@@ -196,7 +196,7 @@ class JobSpec:
     identity: object  # recipe.identity.Identity: the env this job proves, as the site built it
     profile: ClusterProfile
     target: str  # venv | docker
-    calls: list  # witness_run.WitnessCall, in order
+    calls: list  # witness.run.WitnessCall, in order
     job_dir: Path
     env: dict  # witness env additions (PYTHONUNBUFFERED, a test fault)
     image: Optional[str] = None  # docker
@@ -291,6 +291,27 @@ def render(job: JobSpec, node_cpus: Optional[int] = None) -> str:
         activation=job.profile.activation, docker=job.target == "docker", docker_bin=job.docker_bin,
         task_script=task_script, calls=calls,
     )
+
+
+def refusal(job: JobSpec, opts) -> Optional[StepResult]:
+    """Why this job cannot run on its cluster (checked before anything is submitted), or None."""
+    from envport.witness.run import requires_gpu
+
+    profile, spec = job.profile, job.loaded.spec
+    if not job.calls:
+        return StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --check left none)")
+    if job.target == "docker" and profile.container_runtime != "docker":
+        return StepResult("slurm", Verdict.REFUSED, f"cluster {profile.name} runs containers with "
+                          f"{profile.container_runtime}, not docker", reason="no_container_runtime",
+                          lines=["fix: --target venv, or set container_runtime: docker in the profile"])
+    if requires_gpu(spec, opts) and not (profile.gres and "gpu" in profile.gres):
+        return StepResult("slurm", Verdict.REFUSED, f"the spec asks for {spec.resources.gpus} GPU(s); cluster "
+                          f"{profile.name} requests none (gres)", reason=NO_ACCELERATOR_REASON,
+                          lines=["fix: use a GPU cluster profile (gres: gpu:N)"])
+    if shutil.which("sbatch") is None:
+        return StepResult("slurm", Verdict.REFUSED, "no sbatch on PATH", reason="no_slurm",
+                          lines=["fix: run on a Slurm login node (Debian: apt-get install slurm-client)"])
+    return None
 
 
 def new_job_dir(profile: ClusterProfile, name: str) -> Path:

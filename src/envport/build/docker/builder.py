@@ -129,63 +129,75 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
           progress: Progress) -> list[StepResult]:
     """Build (or find) the env's image; each step's StepResult, stopping at the first not ok."""
     start = time.monotonic()
-    name = loaded.spec.name
     resolved = resolve(loaded, site, TARGET)
-    hash_ = resolved.hash
-    tag = resolved.identity.image_tag
-    results: list[StepResult] = []
-
     client, refusal = connect("docker engine")
     if client is None:
         return [refusal]
-
-    t0 = time.monotonic()
-    image = previous = get_image(client, tag)
-    if image is not None and image.labels.get("envport.hash") == hash_ and not rebuild:
-        if f"{repo(name)}:latest" not in image.tags:
-            image.tag(repo(name), "latest")
-        size = image.attrs.get("Size", 0)
-        return [StepResult(f"image {tag}", Verdict.PRESENT, f"{image.id[:19]} ({_size(size)})",
-                           seconds=time.monotonic() - t0,
-                           data={"image": tag, "image_id": image.id, "size": size})]
-    if image is not None and not rebuild:
-        progress(f"envport: [docker] {tag} exists but its envport.hash label is not {hash_[:12]}...; rebuilding")
-
-    plan: Plan = resolved.plan
-    base = next(s.image for s in plan.steps if isinstance(s, BaseStep))
-    t0 = time.monotonic()
-    if get_image(client, base) is not None:
-        results.append(StepResult(f"base {base}", Verdict.PRESENT, "local", seconds=time.monotonic() - t0))
-    elif not site.registry or base.startswith("envport/"):
-        results.append(StepResult(
-            f"base {base}", Verdict.REFUSED,
-            f"base image {base} is not in the engine and site {site.name!r} cannot pull it; {_fix_for_base(base)}",
-            reason="base_image_missing"))
+    previous = get_image(client, resolved.identity.image_tag)
+    present = _present(previous, resolved, rebuild, progress)
+    if present is not None:
+        return [present]
+    results = [_base(client, resolved.plan, site)]
+    if not results[-1].verdict.ok:
         return results
-    else:
-        results.append(StepResult(f"base {base}", Verdict.SKIPPED, "not local; the build pulls it"))
-
-    uses_wheelhouse = any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps)
     cli = buildkit_cli()
-    if uses_wheelhouse and cli is None:
-        results.append(StepResult(f"build {tag}", Verdict.REFUSED,
-                                  f"site {site.name!r} installs from the wheelhouse with RUN --mount, which needs "
-                                  f"BuildKit, and no docker client here runs it; {NO_BUILDKIT_FIX}",
-                                  reason="no_buildkit"))
-        return results
-    wheelhouse = None
-    if uses_wheelhouse:
-        from envport.build.wheelhouse import ensure_wheelhouse
-
-        wh = ensure_wheelhouse(loaded, site, root, progress)
-        results.append(wh)
-        if not wh.verdict.ok:
+    wheelhouse = _wheelhouse(loaded, site, root, resolved, cli, progress)
+    if wheelhouse is not None:
+        results.append(wheelhouse)
+        if not wheelhouse.verdict.ok:
             return results
-        wheelhouse = site.wheelhouse_path(root, name)
+    results.append(_build_image(client, cli, loaded, site, root, resolved, previous, no_cache, progress, start))
+    return results
 
+
+def _present(image, resolved, rebuild: bool, progress: Progress) -> Optional[StepResult]:
+    """PRESENT when the image with this identity exists and its label carries the hash (checked, not assumed)."""
+    tag, hash_ = resolved.identity.image_tag, resolved.hash
+    if image is None or rebuild:
+        return None
+    if image.labels.get("envport.hash") != hash_:
+        progress(f"envport: [docker] {tag} exists but its envport.hash label is not {hash_[:12]}...; rebuilding")
+        return None
+    name = resolved.identity.name
+    if f"{repo(name)}:latest" not in image.tags:
+        image.tag(repo(name), "latest")
+    size = image.attrs.get("Size", 0)
+    return StepResult(f"image {tag}", Verdict.PRESENT, f"{image.id[:19]} ({_size(size)})",
+                      data={"image": tag, "image_id": image.id, "size": size})
+
+
+def _base(client, plan: Plan, site: Site) -> StepResult:
+    base = next(s.image for s in plan.steps if isinstance(s, BaseStep))
+    if get_image(client, base) is not None:
+        return StepResult(f"base {base}", Verdict.PRESENT, "local")
+    if not site.registry or base.startswith("envport/"):
+        return StepResult(f"base {base}", Verdict.REFUSED, f"base image {base} is not in the engine and site "
+                          f"{site.name!r} cannot pull it; {_fix_for_base(base)}", reason="base_image_missing")
+    return StepResult(f"base {base}", Verdict.SKIPPED, "not local; the build pulls it")
+
+
+def _wheelhouse(loaded: Loaded, site: Site, root: Path, resolved, cli: Optional[str],
+                progress: Progress) -> Optional[StepResult]:
+    """The env's wheelhouse when the site installs from one (None when it does not)."""
+    if not any(s.kind == "pip" and s.uses_wheelhouse for s in resolved.plan.steps):
+        return None
+    if cli is None:
+        return StepResult(f"build {resolved.identity.image_tag}", Verdict.REFUSED,
+                          f"site {site.name!r} installs from the wheelhouse with RUN --mount, which needs "
+                          f"BuildKit, and no docker client here runs it; {NO_BUILDKIT_FIX}", reason="no_buildkit")
+    from envport.build.wheelhouse import ensure_wheelhouse
+
+    return ensure_wheelhouse(loaded, site, root, progress)
+
+
+def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: Path, resolved, previous,
+                 no_cache: bool, progress: Progress, start: float) -> StepResult:
+    """Render the context, run the build, and tag the image only when it succeeded and carries the hash."""
+    name, tag, hash_, plan = resolved.identity.name, resolved.identity.image_tag, resolved.hash, resolved.plan
+    wheelhouse = site.wheelhouse_path(root, name) if any(
+        s.kind == "pip" and s.uses_wheelhouse for s in plan.steps) else None
     rendering = render_plan(plan, hash_, (TARGET,), site=site.name)
-    dockerfile = rendering.files["Dockerfile"][0].decode()
-    plan_ops, plan_all = instruction_steps(dockerfile)
+    plan_ops, plan_all = instruction_steps(rendering.files["Dockerfile"][0].decode())
     labels = _labels(loaded, hash_)
     step = f"build {tag}"
     t0 = time.monotonic()
@@ -210,18 +222,26 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
     if not ok:
         ref, lines = log.tail()
         where = f"{ref.label()} ({ref.title})" if isinstance(ref, StepRef) else "the build"
-        result = StepResult(step, Verdict.FAILED, f"{where} failed; no tag was written", lines=lines,
-                            seconds=seconds, data={"image": tag, "failed_step": ref.marker if ref else None,
-                                                    "builder": builder})
-        results.append(result)
-        return results
-
+        return StepResult(step, Verdict.FAILED, f"{where} failed; no tag was written", lines=lines,
+                          seconds=seconds, data={"image": tag, "failed_step": ref.marker if ref else None,
+                                                 "builder": builder})
     image = client.images.get(image_id)
     if image.labels.get("envport.hash") != hash_:
-        result = StepResult(step, Verdict.FAILED, f"built image {image_id[:19]} lacks envport.hash={hash_[:12]}",
-                            seconds=seconds)
-        results.append(result)
-        return results
+        return StepResult(step, Verdict.FAILED, f"built image {image_id[:19]} lacks envport.hash={hash_[:12]}",
+                          seconds=seconds)
+    _tag(client, image, name, hash_, previous)
+    size = image.attrs.get("Size", 0)
+    return StepResult(step, Verdict.OK,
+                      f"{image.id[:19]} ({_size(size)}; {len(set(log.built))} step(s) built, "
+                      f"{len(set(log.cached))} cached)",
+                      seconds=seconds,
+                      data={"image": tag, "image_id": image.id, "size": size,
+                            "built_steps": list(dict.fromkeys(log.built)),
+                            "cached_steps": list(dict.fromkeys(log.cached)), "builder": builder,
+                            "total_seconds": round(time.monotonic() - start, 3)})
+
+
+def _tag(client, image, name: str, hash_: str, previous) -> None:
     image.tag(repo(name), hash_[:12])
     image.tag(repo(name), "latest")
     if previous is not None and previous.id != image.id:
@@ -232,14 +252,3 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
             client.images.remove(previous.id, noprune=False)
         except docker.errors.APIError:
             pass
-    size = image.attrs.get("Size", 0)
-    result = StepResult(step, Verdict.OK,
-                        f"{image.id[:19]} ({_size(size)}; {len(set(log.built))} step(s) built, "
-                        f"{len(set(log.cached))} cached)",
-                        seconds=seconds,
-                        data={"image": tag, "image_id": image.id, "size": size,
-                              "built_steps": list(dict.fromkeys(log.built)),
-                              "cached_steps": list(dict.fromkeys(log.cached)), "builder": builder,
-                              "total_seconds": round(time.monotonic() - start, 3)})
-    results.append(result)
-    return results
