@@ -1,4 +1,31 @@
 """Fixture registration: real services (docker, slurm, sshd) from tests/services.py, and every shared
-fixture from tests/fixtures.py.  Plain helpers and constants live in tests/support.py."""
+fixture from tests/fixtures.py.  Plain helpers and constants live in tests/support.py.
+
+The service markers (docker, slurm, ssh) are derived here from the fixtures a test uses, so
+`-m "not docker"` never reaches the engine: hand-written markers drifted from the fixtures
+(11 tests once reached a service their markers did not name).  A hand-written service marker on
+a test that does not use the service's fixture is a collection error, for the same reason.
+"""
+
+import pytest
 
 pytest_plugins = ["tests.services", "tests.fixtures"]
+
+# marker -> the session fixture through which every test reaches that service
+# (demo_image, base_image, throwaway_images use docker_client; ssh_venv uses ssh_host).
+SERVICE_FIXTURES = {"docker": "docker_client", "slurm": "slurm", "ssh": "ssh_host"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    wrong = []
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        for marker, fixture in SERVICE_FIXTURES.items():
+            if fixture in uses:
+                item.add_marker(marker)
+            elif item.get_closest_marker(marker) is not None:
+                wrong.append(f"{item.nodeid}: marked {marker} but uses no {fixture} fixture")
+    if wrong:
+        raise pytest.UsageError("service markers that match no fixture (drop the marker, or reach the "
+                                "service through its fixture):\n  " + "\n  ".join(wrong))

@@ -9,16 +9,18 @@ The real services (docker_client, base_image, slurm, ssh_host) come from tests/s
 - ``demo_image``: demo-cpu built for real once per session by the docker builder (`--rebuild`:
   a BuildKit build that reuses the engine's layer cache where it has one, cold in CI) and kept.
 - ``local_venv``: demo-cpu as a venv on this host, in LOCAL_ENVS_DIR.
-- ``ssh_venv``: demo-cpu as a venv built over SSH on the site host `test`, in SSH_ENVS_DIR: a
-  different folder, so it is really built a second time.
+- ``ssh_venv``: demo-cpu as a venv built over SSH on the site host `test`, in a fresh folder
+  (SSH_ENVS_DIR.XXXXXX, made on the host and removed afterwards): really built over SSH every session.
 - ``throwaway_images``: names whose images a test creates; removed afterwards.
 
-The env folders live outside the checkout under /var/tmp and are kept between sessions: a
-build whose hash matches reports `present` in about a second.
+The local env folder (LOCAL_ENVS_DIR) lives outside the checkout under /var/tmp and is kept
+between sessions: a build whose hash matches reports `present` in about a second.
 """
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,11 +73,23 @@ def local_venv(session_project) -> BuiltVenv:
 
 @pytest.fixture(scope="session")
 def ssh_venv(session_project, ssh_host) -> BuiltVenv:
-    """demo-cpu built (or present) over SSH on the site host `test`, in its own folder."""
-    proc = run_envport("build", ENV_NAME, "--target", "venv", "--host", "test", root=session_project,
-                       env=cli_env(ENVPORT_ENVS_DIR=SSH_ENVS_DIR), timeout=BUILD_TIMEOUT)
-    assert proc.returncode == 0, fail_with(proc, "envport build --target venv --host test")
-    return BuiltVenv(session_project, f"{SSH_ENVS_DIR}/{ENV_NAME}", SSH_ENVS_DIR, host="test")
+    """demo-cpu built over SSH on the site host `test`, in a fresh folder made on the host for this session
+    (a kept folder would make every later session find it `present` and never build over SSH again);
+    removed from the host afterwards."""
+    made = subprocess.run(ssh_host.argv(f"mktemp -d {SSH_ENVS_DIR}.XXXXXX"), capture_output=True, text=True,
+                          timeout=60)
+    assert made.returncode == 0 and made.stdout.strip(), f"mktemp on the SSH host failed: {made.stderr}"
+    envs_dir = made.stdout.strip()
+    try:
+        proc = run_envport("build", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=session_project,
+                           env=cli_env(ENVPORT_ENVS_DIR=envs_dir, ENVPORT_SSH_ENVS_DIR=envs_dir),
+                           timeout=BUILD_TIMEOUT)
+        assert proc.returncode == 0, fail_with(proc, "envport build --target venv --host test")
+        last = as_json(proc)["steps"][-1]
+        assert last["verdict"] == "OK", f"a fresh folder must be built, not {last['verdict']}: {last}"
+        yield BuiltVenv(session_project, f"{envs_dir}/{ENV_NAME}", envs_dir, host="test")
+    finally:
+        subprocess.run(ssh_host.argv(f"rm -rf {shlex.quote(envs_dir)}"), capture_output=True, timeout=120)
 
 
 @pytest.fixture

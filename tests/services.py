@@ -7,6 +7,10 @@ skips with the reason (never a silent pass); with ``ENVPORT_START_SERVICES=1``
 it first starts the service with the matching ``.ci/services/*.sh`` script, and
 a start that fails is a test error with the script's output, not a skip.
 
+In CI (``ENVPORT_REQUIRE_SERVICES=1``, which ``.ci/run`` sets, or ``CI=true``)
+a missing service is a test ERROR naming the service, never a skip: a green CI
+must mean the docker, Slurm and SSH tests ran. See tests/README.md.
+
 Fixtures (all session-scoped):
 
 - ``docker_client`` -> ``docker.DockerClient`` talking to a live engine.
@@ -28,14 +32,14 @@ from pathlib import Path
 
 import pytest
 
-from .support import REPO
+from .support import REPO, missing
 
 SERVICES_DIR = REPO / ".ci" / "services"
 BASE_IMAGE_TAG = os.environ.get("ENVPORT_BASE_IMAGE", "envport/debian-bookworm:base")
 SSH_DIR = Path(os.environ.get("ENVPORT_SSH_DIR", "/var/lib/envport-ssh"))
 SSH_ALIAS = "envport-test"
-# Slurm node states in which `srun` gets CPUs now (mix: some are free).
-SLURM_USABLE_STATES = ("idle", "mix")
+# "Slurm is up" has one definition, shared with .ci/services/slurm.sh.
+SLURM_UP = SERVICES_DIR / "slurm-up.sh"
 
 # Limits for the start scripts; each script also bounds its own waits.
 START_TIMEOUT_S = {"dockerd.sh": 120, "slurm.sh": 120, "sshd.sh": 60, "base-image.sh": 1200}
@@ -46,7 +50,7 @@ class SlurmNode:
     """The one-node cluster `.ci/services/slurm.sh` runs on localhost."""
 
     name: str  # node name, `hostname -s`; what `srun hostname` prints, short form
-    state: str  # sinfo %t at session start: idle or mix
+    state: str  # sinfo %t at session start: one of slurm-up.sh's UP_STATES
     cpus: int  # CPUs slurm.conf gives the node (= nproc)
 
 
@@ -126,13 +130,13 @@ def docker_client():
     try:
         import docker  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"docker SDK not importable ({exc}); pip install -e '.[test]'")
+        missing(f"docker SDK not importable ({exc}); pip install -e '.[test]'")
     client, why = _docker_connect()
     if client is None:
         if not _which_sbin("dockerd"):
-            pytest.skip(f"no docker engine answers ({why}) and dockerd is not installed (apt-get install docker.io)")
+            missing(f"no docker engine answers ({why}) and dockerd is not installed (apt-get install docker.io)")
         if not start_requested():
-            pytest.skip(_not_up("docker engine", f"no answer ({why})", "dockerd.sh"))
+            missing(_not_up("docker engine", f"no answer ({why})", "dockerd.sh"))
         _start_or_fail("dockerd.sh")
         client, why = _docker_connect()
         if client is None:
@@ -154,7 +158,8 @@ def base_image(docker_client) -> str:
     ok, out = run_service_script("base-image.sh", BASE_IMAGE_TAG)
     if not ok:
         if not shutil.which("debootstrap"):
-            pytest.skip(f"base image {BASE_IMAGE_TAG} absent and cannot be built: {out.strip().splitlines()[-1]}")
+            missing(f"base image {BASE_IMAGE_TAG} absent and cannot be built (no debootstrap): "
+                    f"{out.strip().splitlines()[-1:]}")
         pytest.fail(f".ci/services/base-image.sh {BASE_IMAGE_TAG} failed:\n{out}", pytrace=False)
     return BASE_IMAGE_TAG
 
@@ -163,38 +168,26 @@ def base_image(docker_client) -> str:
 
 
 def _slurm_node() -> tuple[SlurmNode | None, str]:
-    """(node, "") when sinfo reports a usable node, else (None, why)."""
-    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
-    if not conf.is_file():
-        # sinfo would retry reading it for 60 s before failing.
-        return None, f"{conf} does not exist"
+    """(node, "") when .ci/services/slurm-up.sh says a node is up, else (None, why)."""
     try:
-        # With no controller, sinfo retries ~10 s before it gives up.
-        proc = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %t %c"], capture_output=True, text=True, timeout=30
-        )
+        proc = subprocess.run(["bash", str(SLURM_UP)], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        return None, "sinfo gave no answer in 30s"
+        return None, f"{SLURM_UP.name} gave no answer in 60s"
     if proc.returncode != 0:
-        return None, f"sinfo failed: {proc.stderr.strip() or proc.returncode}"
-    states = []
-    for line in proc.stdout.splitlines():
-        name, state, cpus = line.split()
-        if state in SLURM_USABLE_STATES:
-            return SlurmNode(name=name, state=state, cpus=int(cpus)), ""
-        states.append(f"{name}={state}")
-    return None, f"no idle node (sinfo: {', '.join(states) or 'no nodes'})"
+        return None, proc.stderr.strip() or f"{SLURM_UP.name} exited {proc.returncode}"
+    name, state, cpus = proc.stdout.split()
+    return SlurmNode(name=name, state=state, cpus=int(cpus)), ""
 
 
 @pytest.fixture(scope="session")
 def slurm() -> SlurmNode:
-    """The local one-node cluster, with an idle (or partly busy) node."""
+    """The local one-node cluster, with a node that is up (.ci/services/slurm-up.sh)."""
     if not shutil.which("sinfo") or not _which_sbin("slurmctld"):
-        pytest.skip("Slurm is not installed (apt-get install slurm-wlm munge)")
+        missing("Slurm is not installed (apt-get install slurm-wlm munge)")
     node, why = _slurm_node()
     if node is None:
         if not start_requested():
-            pytest.skip(_not_up("slurm", why, "slurm.sh"))
+            missing(_not_up("slurm", why, "slurm.sh"))
         _start_or_fail("slurm.sh")
         node, why = _slurm_node()
         if node is None:
@@ -221,14 +214,14 @@ def _ssh_works(host: SshHost) -> tuple[bool, str]:
 def ssh_host() -> SshHost:
     """The test sshd on 127.0.0.1:2222, reachable as ``ssh -F CONFIG envport-test``."""
     if not shutil.which("ssh"):
-        pytest.skip("no ssh client (apt-get install openssh-client)")
+        missing("no ssh client (apt-get install openssh-client)")
     host = SshHost(alias=SSH_ALIAS, ssh_config=SSH_DIR / "ssh_config", url=f"ssh://{SSH_ALIAS}")
     ok, why = _ssh_works(host)
     if not ok:
         if not _which_sbin("sshd"):
-            pytest.skip(f"test sshd not reachable ({why}) and openssh-server is not installed")
+            missing(f"test sshd not reachable ({why}) and openssh-server is not installed")
         if not start_requested():
-            pytest.skip(_not_up("test sshd", why, "sshd.sh"))
+            missing(_not_up("test sshd", why, "sshd.sh"))
         _start_or_fail("sshd.sh")
         ok, why = _ssh_works(host)
         if not ok:

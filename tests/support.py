@@ -2,10 +2,12 @@
 
 - ``copy_project``: a throwaway copy of the project (PROJECT_DIRS), so tests never touch the checkout.
 - ``run_envport``: the real CLI in a subprocess on a project root, the way a user runs it.
-- ``cli_env``: this process's environment with the test env folders (LOCAL_ENVS_DIR, SSH_ENVS_DIR),
-  which keep their venvs between sessions: a build whose hash matches is `present` in about a second.
+- ``cli_env``: this process's environment with the local test env folder (LOCAL_ENVS_DIR), which keeps
+  its venv between sessions: a build whose hash matches is `present` in about a second. (The folder over
+  SSH is fresh each session: tests/fixtures.py ``ssh_venv``, under SSH_ENVS_DIR.XXXXXX.)
 - ``write_spec`` / ``write_site``: small specs (six only, no torch: they build in seconds) and site profiles.
-- ``torch_python``: an interpreter with the pinned CPU torch, for the witness tests.
+- ``torch_python``: an interpreter with the pinned CPU torch (from TORCH_WHEELS), for the witness tests.
+- ``missing``: skip with the reason locally, fail in CI (``required_in_ci``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ENV_NAME = "demo-cpu"
 BUILD_TIMEOUT = 900
 
 LOCAL_ENVS_DIR = os.environ.get("ENVPORT_TEST_ENVS_DIR", "/var/tmp/envport-test-envs")
+# The prefix of the per-session folders the `ssh_venv` fixture makes on the SSH host (mktemp -d PREFIX.XXXXXX).
 SSH_ENVS_DIR = os.environ.get("ENVPORT_TEST_SSH_ENVS_DIR", "/var/tmp/envport-ssh-envs")
 
 
@@ -45,9 +48,11 @@ def copy_project(dest: Path) -> Path:
 
 
 def cli_env(**extra: str) -> dict:
-    """This process's environment with the test env folders (local and over SSH), without a witness fault."""
+    """This process's environment with the local test env folder, without a witness fault. The env folder
+    over SSH is the `ssh_venv` fixture's own (fresh each session): pass ENVPORT_SSH_ENVS_DIR from it."""
     env = dict(os.environ)
-    env.update(ENVPORT_ENVS_DIR=LOCAL_ENVS_DIR, ENVPORT_SSH_ENVS_DIR=SSH_ENVS_DIR)
+    env.pop("ENVPORT_SSH_ENVS_DIR", None)
+    env.update(ENVPORT_ENVS_DIR=LOCAL_ENVS_DIR)
     env.pop("ENVPORT_WITNESS_FAULT", None)
     env.update(extra)
     return env
@@ -131,13 +136,33 @@ class BuiltVenv:
         return f"{self.prefix}/bin/python"
 
 
+# --- what CI requires ------------------------------------------------------------------
+
+
+def required_in_ci() -> bool:
+    """CI (`.ci/run` sets ENVPORT_REQUIRE_SERVICES=1; most CI systems set CI=true): what a test needs
+    must be there. A skip there would turn "not tested" into a green run."""
+    return os.environ.get("ENVPORT_REQUIRE_SERVICES") == "1" or os.environ.get("CI", "").lower() == "true"
+
+
+def missing(why: str) -> None:
+    """Something a test needs is missing: skip with WHY locally, fail (naming it) in CI."""
+    if required_in_ci():
+        pytest.fail(f"required in CI (ENVPORT_REQUIRE_SERVICES=1 or CI=true), missing: {why}", pytrace=False)
+    pytest.skip(why)
+
+
 # --- an interpreter with torch for the witness tests --------------------------------------
 #
-# This interpreter when it has torch==2.13.0, else a venv under .cache/witness-venv (gitignored)
-# created once with `python -m venv` + `pip install torch==2.13.0`, which takes the CPU wheel
-# from local disk (~30 s). Never an unpinned torch: a resolver would pull a CUDA build.
+# The one source of torch for the tests: the pinned CPU wheel torch==2.13.0 in TORCH_WHEELS
+# (/opt/wheels on this machine, RECIPES.md "torch"; ENVPORT_TORCH_WHEELS elsewhere), named on
+# pip's command line rather than trusted to the machine's pip config. It goes into a venv under
+# .cache/witness-venv (gitignored), created once (~30 s); this interpreter is used instead when it
+# already has that torch. Never an unpinned torch: a resolver would pull a multi-GB CUDA build.
+# Failing to get it fails in CI and skips, with the reason, elsewhere.
 
 TORCH_PIN = "2.13.0"
+TORCH_WHEELS = Path(os.environ.get("ENVPORT_TORCH_WHEELS", "/opt/wheels"))
 WITNESS_VENV = REPO / ".cache" / "witness-venv"
 
 
@@ -148,6 +173,12 @@ def torch_version(python: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def torch_wheel() -> Path | None:
+    """The pinned CPU wheel in TORCH_WHEELS, if it is there."""
+    found = sorted(TORCH_WHEELS.glob(f"torch-{TORCH_PIN}+cpu-*.whl"))
+    return found[0] if found else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -161,23 +192,28 @@ def _find_or_make_torch_python() -> tuple[str | None, str]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers create it once
         version = torch_version(str(python)) if python.exists() else None
         if version is None:
-            steps = [[sys.executable, "-m", "venv", str(WITNESS_VENV)],
-                     [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_PIN}"]]
+            wheel = torch_wheel()
+            if wheel is None:
+                return None, (f"no torch=={TORCH_PIN} wheel in {TORCH_WHEELS} (set ENVPORT_TORCH_WHEELS to the "
+                              f"folder holding torch-{TORCH_PIN}+cpu-*.whl)")
+            # The wheel by path; its dependencies (sympy, filelock, ...) from the configured index.
+            steps = [[sys.executable, "-m", "venv", "--clear", str(WITNESS_VENV)],
+                     [str(python), "-m", "pip", "install", "-q", "--find-links", str(TORCH_WHEELS), str(wheel)]]
             for argv in steps:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=900,
                                       env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
                 if proc.returncode != 0:
                     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                    return None, f"could not create {WITNESS_VENV} with torch=={TORCH_PIN}: {' | '.join(tail)}"
+                    return None, f"could not install {wheel.name} into {WITNESS_VENV}: {' | '.join(tail)}"
             version = torch_version(str(python))
         if version is None or version.split("+")[0] != TORCH_PIN:
-            return None, f"{python} has torch {version}, expected {TORCH_PIN}"
+            return None, f"{python} has torch {version}, expected {TORCH_PIN} (remove {WITNESS_VENV} to recreate it)"
     return str(python), ""
 
 
 def torch_python() -> str:
-    """An interpreter with torch==2.13.0; skips (with the reason) when none can be had."""
+    """An interpreter with torch==2.13.0 from TORCH_WHEELS; skips with the reason, or fails in CI."""
     python, why = _find_or_make_torch_python()
     if python is None:
-        pytest.skip(why)
+        missing(why)
     return python

@@ -1,4 +1,10 @@
-"""Launchers: the deadline runner, the local launcher, and docker (argv always; a real engine when one answers)."""
+"""Launchers: the deadline runner, the local launcher, and docker (argv always; the real engine through the
+docker_client / base_image / demo_image fixtures, never "whatever image is tagged latest").
+
+The Ctrl-C tests set SIGINT's default handler themselves: pytest started as a background job inherits
+SIGINT ignored, and then no KeyboardInterrupt could ever arrive. They send it on an event (the
+command or container is running), not after a fixed sleep.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +23,8 @@ from envport.witness.launchers.docker import DockerLauncher
 
 from envport.witness.launchers.local import LocalLauncher
 from envport.witness.launchers.docker import MOUNT_POINT
-from envport.engines.docker import engine_problem, image_exists
 from envport.core.verdict import Verdict
 from envport.witness.run import parse_sentinels
-
-TORCH_IMAGE = "envport/demo-cpu:latest"  # built by the docker-target tests, never here
-PYTHON_IMAGES = [TORCH_IMAGE, "envport/debian-bookworm:base"]
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -39,13 +40,10 @@ def _alive(pid: int) -> bool:
 def test_deadline_stops_the_whole_process_group_and_runs_cleanup(tmp_path):
     marker = tmp_path / "cleaned"
     inv = Invocation(["/bin/sh", "-c", "sleep 300 & echo child $!; wait"], cleanup=[["touch", str(marker)]])
-    res = run_with_deadline(inv, 2.0)
+    res = run_with_deadline(inv, 5.0)
     assert res.timed_out and res.returncode is None
-    pid = int(res.output.split("child ")[1].split()[0])
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(pid), "a grandchild outlived the deadline"
+    assert "child " in res.output, f"the command never started: {res.output!r}"
+    _wait_gone(int(res.output.split("child ")[1].split()[0]))
     assert marker.exists()
 
 
@@ -59,16 +57,36 @@ def test_normal_exit_keeps_output_and_skips_cleanup(tmp_path):
     assert not marker.exists()
 
 
-def test_ctrl_c_stops_the_command_runs_cleanup_and_propagates(tmp_path):
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt in this test, whatever disposition pytest inherited."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def _wait_gone(pid: int, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"pid {pid} outlived the stop by {limit}s"
+        time.sleep(0.1)
+
+
+def test_ctrl_c_stops_the_command_runs_cleanup_and_propagates(tmp_path, sigint_raises):
     marker = tmp_path / "cleaned"
-    inv = Invocation(["/bin/sh", "-c", "sleep 300"], cleanup=[["touch", str(marker)]])
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    t = time.monotonic()
+    inv = Invocation(["/bin/sh", "-c", "sleep 300 & echo child $!; wait"], cleanup=[["touch", str(marker)]])
+    children: list[int] = []
+
+    def on_line(line: str) -> None:
+        if line.startswith("child "):  # the command runs: now Ctrl-C
+            children.append(int(line.split()[1]))
+            os.kill(os.getpid(), signal.SIGINT)
+
     with pytest.raises(KeyboardInterrupt):
-        run_with_deadline(inv, 120)
-    timer.join()
-    assert time.monotonic() - t < 60 and marker.exists()
+        run_with_deadline(inv, 120, on_line=on_line)
+    assert children, "the command never started"
+    _wait_gone(children[0])
+    assert marker.exists()
 
 
 # --- local ---------------------------------------------------------------------
@@ -121,28 +139,13 @@ def test_docker_preflight_refuses_without_a_client():
 # --- docker: a real engine --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine():
-    why = engine_problem()
-    if why:
-        pytest.skip(f"no docker engine answers: {why}")
-
-
-@pytest.fixture(scope="module")
-def python_image(engine) -> str:
-    for tag in PYTHON_IMAGES:
-        if image_exists(tag):
-            return tag
-    pytest.skip(f"no image with python3 on this engine ({', '.join(PYTHON_IMAGES)}); not built here")
-
-
-def test_docker_preflight_refuses_a_missing_image(engine):
+def test_docker_preflight_refuses_a_missing_image(docker_client):
     problem = DockerLauncher("envport/no-such-image:000000000000").preflight()
     assert problem.verdict is Verdict.REFUSED and problem.reason == "image_missing"
 
 
-def test_docker_runs_the_mounted_witness(python_image):
-    launcher = DockerLauncher(python_image)
+def test_docker_runs_the_mounted_witness(base_image):
+    launcher = DockerLauncher(base_image)
     res = launcher.run("basic.py", ["--import", "json", "--cli", '{"cmd": "echo $WIT", "expect": "^mounted$"}'],
                        {"WIT": "mounted"}, 120)
     recs = {(r["check"], r["name"]): r for r in parse_sentinels(res.output)}
@@ -150,37 +153,60 @@ def test_docker_runs_the_mounted_witness(python_image):
     assert recs[("import", "json")]["ok"] and recs[("cli", "echo $WIT")]["ok"]
 
 
-def _containers(name: str) -> str:
-    return subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"name={name}"], capture_output=True,
-                          text=True, timeout=30).stdout.strip()
+def _containers(name: str, *filters: str) -> str:
+    argv = ["docker", "ps", "-a", "-q", "--filter", f"name={name}"]
+    for f in filters:
+        argv += ["--filter", f]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
 
 
-def test_docker_timeout_removes_the_container(python_image):
-    launcher = DockerLauncher(python_image)
-    inv = launcher.invocation("basic.py", ["--cli", '{"cmd": "sleep 300", "expect": "x"}', "--timeout", "600"], {})
-    res = run_with_deadline(inv, 8.0)
+def _when_running(label: str, then=None, limit: float = 60.0) -> tuple[threading.Thread, list[bool]]:
+    """A thread that polls (bounded) until the container LABEL runs, records it, then calls THEN."""
+    seen: list[bool] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if _containers(label, "status=running"):
+                seen.append(True)
+                break
+            time.sleep(0.2)
+        if then is not None:
+            then()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+SLEEPER = ["--cli", '{"cmd": "sleep 300", "expect": "x"}', "--timeout", "600"]
+
+
+def test_docker_timeout_removes_the_container(base_image):
+    inv = DockerLauncher(base_image).invocation("basic.py", SLEEPER, {})
+    watcher, seen = _when_running(inv.label, limit=20.0)
+    res = run_with_deadline(inv, 20.0)
+    watcher.join()
+    assert seen, f"container {inv.label} never ran before the deadline: nothing was tested"
     assert res.timed_out
     assert _containers(inv.label) == "", f"container {inv.label} survived the deadline"
 
 
-def test_docker_ctrl_c_removes_the_container(python_image):
-    launcher = DockerLauncher(python_image)
-    inv = launcher.invocation("basic.py", ["--cli", '{"cmd": "sleep 300", "expect": "x"}', "--timeout", "600"], {})
-    timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+def test_docker_ctrl_c_removes_the_container(base_image, sigint_raises):
+    inv = DockerLauncher(base_image).invocation("basic.py", SLEEPER, {})
+    watcher, seen = _when_running(inv.label, then=lambda: os.kill(os.getpid(), signal.SIGINT))
     with pytest.raises(KeyboardInterrupt):
         run_with_deadline(inv, 120)
-    timer.join()
+    watcher.join()
+    assert seen, f"container {inv.label} never ran before Ctrl-C: nothing was tested"
     assert _containers(inv.label) == ""
 
 
-def test_docker_collectives_with_torch_image(engine):
-    if not image_exists(TORCH_IMAGE):
-        pytest.skip(f"{TORCH_IMAGE} is not on this engine (built by the docker target, not by these tests)")
+def test_docker_collectives_with_torch_image(demo_image):
     from envport.spec.model import Spec
     from envport.witness.run import WitnessOptions, run_witnesses
 
     spec = Spec(name="wit", base="debian:bookworm", python="3.11",
                 witnesses={"kernel": True, "collectives": {"world_size": 2}})
-    results = run_witnesses(spec, DockerLauncher(TORCH_IMAGE), WitnessOptions(only=["kernel", "collectives"]))
+    results = run_witnesses(spec, DockerLauncher(demo_image.tag), WitnessOptions(only=["kernel", "collectives"]))
     assert [r.verdict for r in results] == [Verdict.OK, Verdict.OK], [(r.detail, r.lines) for r in results]

@@ -1,8 +1,9 @@
 """The shell target on a real host over SSH: build, verify (testinfra ssh://), witnesses (launchers/ssh.py).
 
 The host is the test sshd on 127.0.0.1:2222 (site alias `test`), which is this
-machine: the env goes to its own folder (SSH_ENVS_DIR) so it is built over SSH
-for real, not found present from a local build.
+machine: the env goes to a fresh folder of its own each session (tests/fixtures.py
+`ssh_venv`) so it is built over SSH for real, not found present from a local build
+or an earlier session.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import shlex
 import subprocess
 import tarfile
+import threading
 import time
 
 import pytest
@@ -64,18 +66,16 @@ def test_remote_script_sources_the_env_block_and_cleans_up():
 # --- against the real sshd -------------------------------------------------------------
 
 
-@pytest.mark.ssh
-def test_unreachable_host_is_refused_within_10s(session_project):
+def test_unreachable_host_is_refused_at_once(session_project):
+    """Connection refused is a REFUSED ssh_unreachable naming the cause, not a hang until a timeout
+    (bounded here by the subprocess timeout; how fast it is: bench/bench_refusals.py)."""
     for args in (("witness", ENV_NAME, "--target", "venv", "--host", UNREACHABLE, "--no-ledger"),
                  ("verify", ENV_NAME, "--target", "venv", "--host", UNREACHABLE),
                  ("build", ENV_NAME, "--target", "venv", "--host", UNREACHABLE)):
-        t0 = time.monotonic()
-        proc = run_envport(*args, root=session_project, env=cli_env(), timeout=30)
-        took = time.monotonic() - t0
+        proc = run_envport(*args, root=session_project, env=cli_env(), timeout=60)
         assert proc.returncode == 3, fail_with(proc, " ".join(args))
         assert "REFUSED" in proc.stdout and "ssh_unreachable" in proc.stdout, proc.stdout
         assert "Connection refused" in proc.stdout, proc.stdout
-        assert took < 10, f"{args[0]}: REFUSED after {took:.1f}s"
 
 
 @pytest.mark.ssh
@@ -142,25 +142,40 @@ def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):
     assert left.stdout.strip() == "0", "witness scripts left on the host"
 
 
+def _marked_processes(ssh_host, marker: str) -> int:
+    """How many processes on the host carry MARKER in their environment."""
+    ps = subprocess.run(ssh_host.argv(f"grep -l {marker} /proc/[0-9]*/environ 2>/dev/null | wc -l"),
+                        capture_output=True, text=True, timeout=30)
+    return int(ps.stdout.strip() or 0)
+
+
 @pytest.mark.ssh
 def test_deadline_ends_the_remote_ranks(ssh_venv, ssh_host):
     """A hung rank past the launcher's deadline: the ssh client AND the remote process group end."""
-    from envport.spec.loader import load_spec
-
-    spec = load_spec(ENV_NAME, ssh_venv.root).spec
     site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))
     launcher = SshLauncher(site_host, ENV_NAME, envs_dir=ssh_venv.envs_dir)
     marker = f"envport-deadline-{time.time_ns()}"
-    result = launcher.run("dist.py", ["--checks", "collectives", "--world-size", "2", "--launch", "spawn",
-                                      "--deadline", "120"],
-                          {"ENVPORT_WITNESS_FAULT": "hang:1", "ENVPORT_TEST_MARK": marker}, deadline_s=10)
-    assert result.timed_out
+    # Watch the host while the witness runs: the ranks must have existed, or "none left" proves nothing.
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(_marked_processes(ssh_host, marker))
+            stop.wait(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = launcher.run("dist.py", ["--checks", "collectives", "--world-size", "2", "--launch", "spawn",
+                                          "--deadline", "120"],
+                              {"ENVPORT_WITNESS_FAULT": "hang:1", "ENVPORT_TEST_MARK": marker}, deadline_s=10)
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
+    assert result.timed_out, result.output
+    assert max(seen, default=0) >= 2, f"the remote ranks were never seen running (counts {seen})"
     deadline = time.monotonic() + 20
-    while True:
-        ps = subprocess.run(ssh_host.argv(f"grep -l {marker} /proc/[0-9]*/environ 2>/dev/null | wc -l"),
-                            capture_output=True, text=True, timeout=30)
-        if ps.stdout.strip() == "0" or time.monotonic() > deadline:
-            break
+    while (left := _marked_processes(ssh_host, marker)) != 0 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert ps.stdout.strip() == "0", "remote witness processes outlived the deadline"
-    assert spec.name == ENV_NAME
+    assert left == 0, f"{left} remote witness processes outlived the deadline"

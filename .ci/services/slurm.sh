@@ -11,9 +11,13 @@ conf=${SLURM_CONF:-/etc/slurm/slurm.conf}   # Debian's compiled-in default (libs
 marker="# envport one-node slurm (written by .ci/services/slurm.sh)"
 node=$(hostname -s)
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
 # sinfo's short state: idle, mix, alloc, drain, down... A trailing * / ~ / #
 # means not responding, powered down, or being configured.
 node_state() { sinfo -h -N -n "$node" -o %t 2>/dev/null | head -n1; }
+# "Up" is defined once, in slurm-up.sh, which tests/services.py runs too.
+node_up() { bash "$here/slurm-up.sh" "$node" >/dev/null 2>&1; }
 
 for bin in sinfo scontrol /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged munge unmunge; do
     if ! command -v "$bin" >/dev/null 2>&1; then
@@ -37,8 +41,8 @@ slurmd_pid="$state_dir/slurmd.pid"
 # it retries for ~10 s before giving up.
 if [[ -f "$conf" ]] && grep -qxF "$marker" "$conf" \
     && alive slurmctld "$ctld_pid" && alive slurmd "$slurmd_pid" \
-    && [[ "$(node_state)" == idle ]]; then
-    echo "slurm: node $node already idle"
+    && node_up; then
+    echo "slurm: node $node already up ($(node_state))"
     exit 0
 fi
 
@@ -154,9 +158,11 @@ fi
 deadline=$((SECONDS + wait_s))
 next_resume=0
 while :; do
+    if node_up; then
+        break
+    fi
     state=$(node_state || true)
     case "$state" in
-        idle | mix | alloc | comp) break ;;   # mix/alloc/comp: up, running jobs
         drain* | drng* | down* | fail*)
             # Left drained/down by an earlier run (restart, lost slurmd): resume.
             if ((SECONDS >= next_resume)); then
@@ -168,7 +174,7 @@ while :; do
             ;;
     esac
     if ((SECONDS >= deadline)); then
-        echo "slurm: node $node is '${state:-unknown}' after ${wait_s}s, not idle." >&2
+        echo "slurm: node $node is '${state:-unknown}' after ${wait_s}s, not up (see slurm-up.sh)." >&2
         scontrol show node "$node" 2>&1 | grep -E 'State=|Reason=' >&2 || true
         tail -n 10 "$state_dir/log/slurmctld.log" "$state_dir/log/slurmd.log" >&2 || true
         exit 1

@@ -135,9 +135,10 @@ def run_with_deadline(inv: Invocation, deadline_s: float,
                     pass
 
     reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
     timed_out = False
     try:
+        # Inside the try: a Ctrl-C that lands as soon as the first line is read must stop the group too.
+        reader.start()
         proc.wait(timeout=max(deadline_s, 0.1))
     except subprocess.TimeoutExpired:
         timed_out = True
