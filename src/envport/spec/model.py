@@ -124,10 +124,55 @@ def _requirement(value: str) -> str:
     except InvalidRequirement as exc:
         raise ValueError(f"{value!r} is not a valid requirement ({exc}); e.g. 'torch==2.4.1'") from None
     if req.url:
-        raise ValueError(f"{value!r}: direct URL requirements are not supported; use find_links or a wheelhouse")
+        _direct_url(value, req.url)
     if req.marker is not None:
         raise ValueError(f"{value!r}: environment markers are not supported; phases are per env already")
     return value
+
+
+# PEP 508 direct references (`name @ URL`): a VCS checkout or an archive. The URL reaches
+# every recipe inside a quoted pip argument, so it gets the same character rules as URL_RE.
+DIRECT_URL_RE = re.compile(r"^(git\+(https|ssh|file)|https|file)://[^\s'\"`$\\]+$")
+GIT_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _direct_url(value: str, url: str) -> None:
+    if not DIRECT_URL_RE.match(url):
+        raise ValueError(f"{value!r}: a direct reference must be git+https://, git+ssh://, git+file://, https:// "
+                         "or file:// without quotes, spaces or '$'")
+    if not url.startswith("git+") and not re.search(r"#sha256=[0-9a-f]{64}$", url):
+        raise ValueError(f"{value!r}: an archive URL must end in #sha256=<64 hex digits> so pip checks "
+                         "what it downloads (sha256sum the file)")
+
+
+def direct_ref(text: str) -> Optional[tuple[str, str, str]]:
+    """(kind, url, ref) of a `name @ URL` requirement, None for a plain one.
+
+    kind is "git" (ref: the part after the last '@' of the URL's path, "" when none)
+    or "archive" (ref: the sha256 of the file).
+    """
+    url = Requirement(text).url
+    if not url:
+        return None
+    if url.startswith("git+"):
+        path = url.split("://", 1)[1].split("#", 1)[0]
+        ref = path.rsplit("@", 1)[1] if "@" in path.split("/", 1)[-1] else ""
+        return "git", url, ref
+    return "archive", url, url.rsplit("#sha256=", 1)[1]
+
+
+def requirement_warnings(spec: "Spec") -> list[tuple[str, str]]:
+    """(field path, message) for requirements that validate but may not build the same env twice."""
+    out = []
+    for i, phase in enumerate(spec.pip_phases):
+        for j, text in enumerate(phase.packages):
+            ref = direct_ref(text)
+            if ref and ref[0] == "git" and not GIT_SHA_RE.match(ref[2]):
+                what = f"ref {ref[2]!r} is not a full commit sha" if ref[2] else "no ref (the default branch)"
+                out.append((f"pip_phases[{i}].packages[{j}]",
+                            f"{text!r}: {what}; the env changes when the branch or tag moves and the content "
+                            "hash does not (fix: pin @<40-hex commit>)"))
+    return out
 
 
 def _url(value: str) -> str:
