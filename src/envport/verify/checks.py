@@ -22,13 +22,13 @@ from packaging.version import InvalidVersion, Version
 
 from envport.spec.loader import Loaded
 from envport.plan.steps import CONTAINER_VENV
-from envport.spec.model import Spec, canonical_name, last_pins
+from envport.spec.model import GIT_SHA_RE, Spec, canonical_name, direct_ref, last_pins
 
 
 @dataclass(frozen=True)
 class Check:
     id: str  # readable and unique: pip[torch==2.13.0], env[DEMO_GREETING]
-    kind: str  # system | pip | python | env | file | weight | label
+    kind: str  # system | pip | pip-ref (a `name @ URL`) | python | env | file | weight | label
     key: str  # package, variable, path or label
     expected: str  # version/specifier, value, sha256, hash
     mode: Optional[str] = None  # files: octal mode
@@ -60,7 +60,9 @@ def spec_checks(loaded: Loaded, hash_: str) -> list[Check]:
         checks.append(Check(f"system[{pkg}]", "system", name, version))
     pins = last_pins(spec)
     for name, req in sorted(last_requirements(spec).items()):
-        if name in pins:
+        if req.url:
+            checks.append(_direct_check(name, str(req)))
+        elif name in pins:
             checks.append(Check(f"pip[{name}=={pins[name]}]", "pip", name, f"=={pins[name]}"))
         else:
             checks.append(Check(f"pip[{name}{req.specifier}]", "pip", name, str(req.specifier)))
@@ -77,6 +79,19 @@ def spec_checks(loaded: Loaded, hash_: str) -> list[Check]:
         checks.append(Check(f"weight[{wname}:{w.path}]", "weight", w.path, ""))
     checks.append(Check("label[envport.hash]", "label", "envport.hash", hash_))
     return checks
+
+
+def _direct_check(name: str, text: str) -> Check:
+    """A `name @ URL` requirement pins what its URL names: a git commit, or the version in a wheel's file name."""
+    kind, url, ref = direct_ref(text)
+    if kind == "git":
+        # Only a full sha pins anything; a branch or tag is checked for presence (the spec warns).
+        return Check(f"pip[{name}@{ref or 'HEAD'}]", "pip-ref", name, f"commit:{ref}" if GIT_SHA_RE.match(ref) else "")
+    file = url.split("#", 1)[0].rsplit("/", 1)[-1]
+    parts = file[:-4].split("-") if file.endswith(".whl") else []
+    if len(parts) >= 5:
+        return Check(f"pip[{name}=={parts[1]}]", "pip", name, f"=={parts[1]}")
+    return Check(f"pip[{name}@{file}]", "pip-ref", name, "")
 
 
 def _shims(loaded: Loaded) -> dict[str, tuple[str, str]]:
@@ -105,6 +120,18 @@ class Facts:
     def pip(self) -> dict[str, str]:
         packages = self.host.pip.get_packages(pip_path=f"{self.venv}/bin/pip")
         return {canonical_name(k): v["version"] for k, v in packages.items()}
+
+    @cached_property
+    def direct_urls(self) -> dict[str, dict]:
+        """Each distribution's PEP 610 direct_url.json (what pip recorded for a `name @ URL` install)."""
+        import json
+
+        script = ("import json, importlib.metadata as m; print(json.dumps({d.metadata['Name']: "
+                  "json.loads(d.read_text('direct_url.json') or 'null') for d in m.distributions()}))")
+        out = self._run(f"{shlex.quote(self.venv + '/bin/python')} -c {shlex.quote(script)}")
+        if out.rc != 0:
+            raise CheckFailed(f"reading direct_url.json in {self.venv} failed: {(out.stderr or out.stdout).strip()[-300:]}")
+        return {canonical_name(k): v for k, v in json.loads(out.stdout).items() if v}
 
     @cached_property
     def env(self) -> dict[bytes, bytes]:
@@ -164,6 +191,18 @@ def judge(check: Check, facts: Facts) -> str:
             ok = False
         if not ok:
             raise CheckFailed(f"{check.key} {have} is installed, the last phase naming it asks {check.expected}")
+        return have
+    if kind == "pip-ref":
+        have = facts.pip.get(check.key)
+        if have is None:
+            raise CheckFailed(f"{check.key} is not installed (pip list in {facts.venv} has no {check.key})")
+        if check.expected.startswith("commit:"):
+            want = check.expected.split(":", 1)[1]
+            got = (facts.direct_urls.get(check.key) or {}).get("vcs_info", {}).get("commit_id")
+            if got != want:
+                raise CheckFailed(f"{check.key} {have} was installed from commit {got or '(no direct_url.json)'}, "
+                                  f"the spec pins {want}")
+            return f"{have} @ {want[:12]}"
         return have
     if kind == "python":
         have = facts.python
