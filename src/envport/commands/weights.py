@@ -1,0 +1,66 @@
+"""`envport weights verify|fetch|stage NAME`: an env's declared weight files, checked deep, fetched by the
+spec's own `source` command, staged to an SSH host."""
+
+from __future__ import annotations
+
+from envport.commands._common import load_one
+
+
+def register(sub) -> None:
+    p = sub.add_parser("weights", help="verify, fetch or stage an env's weights (size + sha256 of every pinned file)",
+                       description="verify: every file weight_dirs declares is present under the weights root "
+                       "(<root>/<env>/<weight>/), at its size and its sha256 (every byte read; large files print "
+                       "progress); present, or REFUSED naming each file off its pin with both digests. fetch: "
+                       "verify, then run each weight's own `source` command (in specs/, the weight's env var and "
+                       "ENVPORT_WEIGHT_DIR pointed at its folder, the env's interpreter first on PATH) where files "
+                       "are absent, then verify again; exit 3 from the command is REFUSED with its own words, "
+                       "other non-zero FAILED. Nothing is ever deleted: a file off its pin is left in place and "
+                       "the fix says to remove it by hand. A gated weight needs its auth_hint token in the "
+                       "environment; it is passed to the command and written nowhere. stage --host H: copy "
+                       "verified weights to ~/.envport/weights/<env>/ on an SSH host.")
+    p.add_argument("action", choices=("verify", "fetch", "stage"))
+    p.add_argument("spec", metavar="NAME|PATH")
+    p.add_argument("--root", dest="weights_root", default=None, metavar="DIR",
+                   help="weights root (default: $ENVPORT_WEIGHTS_DIR, else ~/.envport/weights)")
+    p.add_argument("--host", default=None, help="stage: the SSH host (site alias or destination)")
+    p.add_argument("--site", default=None, help="site profile naming SSH hosts (default: local)")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from envport.build import weights
+    from envport.core.errors import EnvportError
+    from envport.core.progress import stderr_progress
+    from envport.core.verdict import report
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.report import ledger
+
+    loaded = load_one(args, args.spec)
+    root = weights.weights_root(args.weights_root)
+    site = load_site(args.site, loaded.root)
+    if args.action == "verify":
+        result = weights.verify(loaded, root, stderr_progress)
+    elif args.action == "fetch":
+        result = weights.fetch(loaded, root, interpreter_bin=venv_bin(loaded.spec.name), progress=stderr_progress)
+    else:
+        if not args.host:
+            raise EnvportError("weights stage needs --host H: local targets read the weights root directly "
+                               "(docker/apptainer mount it read-only, a venv gets the env var)")
+        from envport.engines.ssh import resolve_host
+
+        result = weights.stage(loaded, root, resolve_host(site, args.host), progress=stderr_progress)
+    if args.action != "verify":
+        ledger.record(loaded.root, loaded.spec, kind="weights", target=args.host or "local",
+                      hash_=resolve(loaded, site, "venv").hash, result=result, action=args.action,
+                      weights_root=str(root))
+    return report([result], args.json)
+
+
+def venv_bin(name: str):
+    """The env's venv bin/ here when it is built: the `source` command's `python` is then the env's."""
+    from envport.core.layout import env_prefix
+
+    bin_dir = env_prefix(name) / "bin"
+    return bin_dir if (bin_dir / "python").exists() else None

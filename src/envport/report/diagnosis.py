@@ -1,0 +1,84 @@
+"""The diagnosis table (seed 004): a failed log's symptom -> the layer that is wrong, and the fix.
+
+The rows are data (diagnosis.yaml beside this module), so adding one is an
+edit to a table that docs/cli.md lists, not new code. A log is matched line by
+line; the first row of the table that matches any line is the verdict (specific
+rows come first), and every other row that matched is kept as a note.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+LAYERS = ("spec", "build", "weights", "exec", "host")
+TABLE = Path(__file__).with_name("diagnosis.yaml")
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    symptom: re.Pattern
+    layer: str
+    wrong: str
+    fix: str
+    host: bool = False
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    row: Row
+    line: str  # the log line that matched
+
+    def to_dict(self) -> dict:
+        return {"id": self.row.id, "layer": self.row.layer, "wrong": self.row.wrong, "fix": self.row.fix,
+                "host": self.row.host, "line": self.line}
+
+    def lines(self) -> list[str]:
+        return [f"diagnosis [{self.row.id}] layer {self.row.layer}: {self.row.wrong}",
+                f"  symptom: {self.line.strip()[:200]}", f"  fix: {self.row.fix}"]
+
+
+def _row(i: int, raw: dict) -> Row:
+    where = f"{TABLE.name} row {i + 1} ({raw.get('id', '?')})"
+    missing = [k for k in ("id", "symptom", "layer", "wrong", "fix") if not raw.get(k)]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    if raw["layer"] not in LAYERS:
+        raise ValueError(f"{where}: layer {raw['layer']!r} is not one of {', '.join(LAYERS)}")
+    unknown = set(raw) - {"id", "symptom", "layer", "wrong", "fix", "host"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    return Row(raw["id"], re.compile(raw["symptom"]), raw["layer"], " ".join(raw["wrong"].split()),
+               " ".join(raw["fix"].split()), bool(raw.get("host", False)))
+
+
+@functools.lru_cache(maxsize=2)
+def table(path: Path = TABLE) -> tuple[Row, ...]:
+    import yaml
+
+    rows = tuple(_row(i, r) for i, r in enumerate(yaml.safe_load(path.read_text(encoding="utf-8"))["rows"]))
+    ids = [r.id for r in rows]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"{path.name}: row ids used twice: {', '.join(dupes)}")
+    return rows
+
+
+def diagnose(lines: Iterable[str], rows: Optional[tuple[Row, ...]] = None) -> list[Diagnosis]:
+    """Every row that matches some line, in table order (the first is the verdict)."""
+    lines = list(lines)
+    found = []
+    for row in rows or table():
+        hit = next((ln for ln in lines if row.symptom.search(ln)), None)
+        if hit is not None:
+            found.append(Diagnosis(row, hit))
+    return found
+
+
+def first(lines: Iterable[str]) -> Optional[Diagnosis]:
+    found = diagnose(lines)
+    return found[0] if found else None
