@@ -2,18 +2,21 @@
 
 Dockerfiles are parsed with dockerfile-parse and `.def` files with spython's
 SingularityParser, classifying instructions by what they run; the setup
-scripts by their `# envport-step` markers.
+scripts line by line, also by what each command does (`script_steps`). None
+of them reads envport's own step markers or titles: those are written from
+the plan's list, so comparing them with it would compare the list with itself.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
 
 from envport.spec.loader import all_spec_names, load_spec
 from envport.plan.steps import make_plan
-from tests.recipe_steps import def_markers, def_recipe, dockerfile_steps, pip_args_of, script_markers
+from tests.recipe_steps import def_markers, def_recipe, dockerfile_steps, pip_args_of
 from envport.renderers import render_target
 from envport.recipe.identity import portable
 
@@ -52,12 +55,58 @@ def test_def_parity(root, name):
     assert any(lb == f"envport.hash {h}" for lb in stage.labels)
 
 
+HEREDOC = re.compile(r"<<'(\w+)'\s*$")
+# (kind, what a line of that step runs), first match wins; a line that matches none is bookkeeping
+# (say, step, mark_done, if/fi, refuse, checks of the result).
+SCRIPT_KINDS = [
+    ("base", re.compile(r"^say '  base image ")),
+    ("ca", re.compile(r"PIP_CERT|ca-bundle")),
+    ("system", re.compile(r"^for pkg in .*; do$")),
+    ("python", re.compile(r' -m venv "\$\w+"$| create -y -n ')),
+    ("env", re.compile(r"^export [A-Za-z_][A-Za-z0-9_]*=")),
+    ("pip", re.compile(r'^"\$PY" -m pip install ')),
+    ("files", re.compile(r'^base64 -d > "\$dest"')),
+    ("run", re.compile(r'^cd "\$\w+"$')),
+    ("weights", re.compile(r'^mkdir -p "\$ENVPORT_ROOT"')),
+    ("labels", re.compile(r'> "\$\w+/\.envport/hash"$')),
+]
+
+
+def script_steps(text: str) -> list[str]:
+    """The steps a setup script performs, in order, recovered from its commands (heredoc bodies skipped;
+    consecutive lines of one kind are one step, except pip: each install is its own phase)."""
+    steps: list[str] = []
+    pip_n = 0
+    lines = iter(text.splitlines())
+    for raw in lines:
+        line = raw.strip()
+        kind = next((k for k, rx in SCRIPT_KINDS if rx.search(line)), None)
+        if kind == "pip":
+            pip_n += 1
+            kind = f"pip-{pip_n}"
+        if kind is not None and (not steps or steps[-1] != kind):
+            steps.append(kind)
+        end = HEREDOC.search(line)
+        if end:
+            for body in lines:
+                if body == end.group(1):
+                    break
+    return steps
+
+
+def test_script_steps_reads_commands_not_markers():
+    text = "# envport-step 1/2 pip-1 0\nstep 1 pip-1 'x'\n  \"$PY\" -m pip install a\n" \
+           "cat > f <<'ENVPORT_ENV'\nexport A=1\nENVPORT_ENV\n# envport-step 2/2 env 0\nexport B=2\n"
+    assert script_steps(text) == ["pip-1", "env"]
+    assert script_steps(text.replace("export B=2\n", "")) == ["pip-1"]  # a marker alone is no step
+
+
 @pytest.mark.parametrize("root,name", CASES, ids=IDS)
 @pytest.mark.parametrize("flavour", ["venv", "conda"])
 def test_script_parity(root, name, flavour):
     plan, h = _plan_and_hash(root, name)
     text = render_target("shell", plan, h)[f"setup-{flavour}.sh"]
-    assert script_markers(text) == plan.markers()
+    assert script_steps(text) == plan.markers()
     for step in plan.steps:
         if step.kind == "pip":
             assert "-m pip install --disable-pip-version-check " + " ".join(

@@ -44,8 +44,11 @@ def test_misses_when_the_image_is_gone_or_relabelled(project, labelled_image):
     assert present_cache.present(project, "demo-cpu", None) is None
 
 
-def test_unreachable_engine_is_a_miss(project, monkeypatch):
-    present_cache.remember(project, "demo-cpu", None, "0" * 64, "envport/demo-cpu:000000000000")
+def test_unreachable_engine_is_a_miss(project, labelled_image, monkeypatch):
+    """The same remembered hash and tag that hit with the engine up must miss when it cannot be asked."""
+    tag, hash_ = labelled_image
+    present_cache.remember(project, "demo-cpu", None, hash_, tag)
+    assert present_cache.present(project, "demo-cpu", None) is not None  # a hit while the engine answers
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     assert present_cache.present(project, "demo-cpu", None) is None
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")

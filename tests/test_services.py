@@ -1,6 +1,7 @@
 """The real services the integration tests rely on are up and usable.
 
-Each test skips, with the fixture's reason, when its service is absent.
+Each test skips, with the fixture's reason, when its service is absent; in CI
+(ENVPORT_REQUIRE_SERVICES=1, tests/README.md) it fails instead.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import shutil
 import subprocess
 
 import pytest
+
+from .support import missing
 
 PY_VERSION = re.compile(r"^Python 3\.\d+\.\d+$")
 
@@ -29,19 +32,18 @@ def test_sdk_runs_base_image_with_host_network(docker_client, base_image):
     assert PY_VERSION.match(out.decode().strip()), out
 
 
-def _docker_clients() -> list:
-    # Two clients live here: the image's 28.x (no buildx) and Debian's 20.10
-    # (BuildKit). Builders may use either, so both must reach the same engine.
-    params = []
-    for name, path in (("PATH-docker", shutil.which("docker")), ("debian-docker", "/usr/bin/docker")):
-        marks = () if path and shutil.which(path) else pytest.mark.skip(reason=f"{name}: no such client")
-        params.append(pytest.param(path, id=name, marks=marks))
-    return params
+# Two clients live here: the image's 28.x (no buildx) and Debian's 20.10
+# (BuildKit). Builders may use either, so both must reach the same engine.
+DOCKER_CLIENTS = {"PATH-docker": lambda: shutil.which("docker"),
+                  "debian-docker": lambda: shutil.which("/usr/bin/docker")}
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("client", _docker_clients())
-def test_cli_runs_base_image_on_the_sdk_engine(docker_client, base_image, client):
+@pytest.mark.parametrize("which", sorted(DOCKER_CLIENTS))
+def test_cli_runs_base_image_on_the_sdk_engine(docker_client, base_image, which):
+    client = DOCKER_CLIENTS[which]()
+    if client is None:
+        missing(f"{which}: no such docker client (apt-get install docker.io)")
     proc = _run([client, "run", "--rm", "--network", "host", base_image, "python3", "--version"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert PY_VERSION.match(proc.stdout.strip()), proc.stdout
@@ -89,7 +91,7 @@ def test_ssh_runs_a_command(ssh_host):
 
 @pytest.mark.ssh
 def test_testinfra_reaches_ssh_host(ssh_host):
-    testinfra = pytest.importorskip("testinfra", reason="pytest-testinfra not installed")
+    import testinfra  # the [build] extra: its absence is an error, not a skip
     host = testinfra.get_host(ssh_host.url, **ssh_host.testinfra_kwargs)
     assert host.run("echo ok").stdout == "ok\n"
     assert host.user().name == "root"

@@ -70,15 +70,15 @@ def test_docker_ranks_get_a_container_named_by_job_and_rank():
 
 
 @pytest.mark.slurm
-def test_four_tasks_start_on_a_two_cpu_node(slurm):
-    """srun -n 4 on 2 CPUs pends forever without --overcommit; the launcher adds it."""
-    if slurm.cpus >= 4:
-        pytest.skip(f"the node has {slurm.cpus} CPUs; nothing to overcommit")
+def test_more_tasks_than_the_node_has_cpus_start(slurm):
+    """srun -n N on fewer than N CPUs pends forever without --overcommit; the launcher adds it.
+    N is the node's CPUs + 2, so this runs on any node size."""
+    world = slurm.cpus + 2
     launcher = SrunLauncher(LocalLauncher("/bin/echo"), ENV_NAME, in_allocation=False)
-    result = launcher.run("dist.py", ["--world-size", "4"], {}, deadline_s=60)
+    result = launcher.run("dist.py", ["--world-size", str(world)], {}, deadline_s=60)
     assert result.returncode == 0 and not result.timed_out, result.output
     ranks = sorted(ln for ln in result.lines if "dist.py" in ln)
-    assert len(ranks) == 4, result.output
+    assert len(ranks) == world, result.output
 
 
 @pytest.mark.slurm
