@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import jsonschema
 import pytest
 
-from envport.report.doctor import collect, env_arch, gpu_configurations, render_infra_md, render_text
+from envport.report.doctor import collect, driver_check, env_arch, gpu_configurations, render_infra_md, render_text
+from .fake_gpu import H200, TOPO_4_NVLINK, fake_nvidia_smi, path_with
 from .support import REPO, run_envport, torch_python
 
 SCHEMA = json.loads((REPO / "docs" / "doctor.schema.json").read_text())
@@ -24,7 +26,7 @@ def test_schema_is_a_valid_schema():
 
 
 @pytest.mark.parametrize("free,tier,route,mesh", [
-    (0, "none", "slurm", None), (1, "none", "slurm", None), (3, "none", "slurm", None),
+    (0, "none", "slurm", None), (1, "basic", "local", None), (3, "basic", "local", None),
     (4, "limited", "local", [2, 2]), (7, "limited", "local", [2, 2]),
     (8, "full", "local", [2, 2]), (9, "full", "local", [3, 3]),
 ])
@@ -91,10 +93,20 @@ def test_env_arch_refuses_a_range_the_build_cannot_cover(project):
 def test_env_arch_unknown_flavour_is_not_a_refusal():
     from envport.spec.model import Spec
 
-    spec = Spec(name="x", base="debian:bookworm", python="3.11", pip_phases=[["torch==2.13.0"]],
+    # A torch newer than the recorded lists: judged unknown (probe the env), never guessed.
+    spec = Spec(name="x", base="debian:bookworm", python="3.11", pip_phases=[["torch==2.14.0"]],
                 sm_range=["sm_80", "sm_90"])
     e = env_arch(spec)
-    assert e["ok"] is None and "probe" in e["detail"]
+    assert e["ok"] is None and "probe" in e["detail"] and e["flavour"] is None
+
+
+def test_env_arch_of_a_pypi_torch_213_uses_its_cu130_list():
+    from envport.spec.model import Spec
+
+    spec = Spec(name="x", base="debian:bookworm", python="3.11", pip_phases=[["torch==2.13.0"]],
+                sm_range=["sm_70", "sm_90"])
+    e = env_arch(spec)
+    assert e["flavour"] == "cu130" and e["ok"] is False and "sm_70" in e["detail"]
 
 
 def test_write_docs_writes_infra_md(project):
@@ -114,4 +126,87 @@ def test_infra_md_from_a_gpu_report_names_the_mesh():
     report["testable"] = gpu_configurations(4)
     validate(report)
     text = render_infra_md(report)
-    assert "tier limited" in text and "H200" in text
+    assert "2-D mesh 2x2 on NCCL here" in text and "tier limited" in text
+    assert "[3] NVIDIA H200, cc 9.0, 143771 MiB, free" in text
+
+
+# --- a fake nvidia-smi on PATH (no GPU can be had here; tests/fake_gpu.py) -------------------
+
+
+def doctor_with(tmp_path, project, gpus, *args, **smi):
+    fake_nvidia_smi(tmp_path / "bin", gpus, **smi)
+    env = {**os.environ, "PATH": path_with(tmp_path / "bin")}
+    return run_envport("doctor", "--no-torch", *args, root=project, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("n,tier,route", [(0, "none", "slurm"), (1, "basic", "local"), (4, "limited", "local")])
+def test_route_follows_the_gpus_nvidia_smi_lists(tmp_path, project, n, tier, route):
+    proc = doctor_with(tmp_path, project, [dict(H200) for _ in range(n)], "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    validate(report)
+    assert (report["testable"]["tier"], report["testable"]["route"]) == (tier, route)
+    assert report["census"] == {"nvidia_smi": n, "torch": None, "count": n, "where": "this host", "note": ""}
+    if n == 1:
+        assert report["testable"]["note"].startswith("1 free GPU: the kernel witness, NCCL up to world 1")
+
+
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_write_docs_for_each_gpu_count(tmp_path, project, n):
+    proc = doctor_with(tmp_path, project, [dict(H200) for _ in range(n)], "--write-docs",
+                       topo=TOPO_4_NVLINK if n == 4 else None)
+    assert proc.returncode == 0, proc.stderr
+    text = (project / "docs" / "infra.md").read_text()
+    expect = {0: "**0 free GPU(s), tier none, route slurm**", 1: "**1 free GPU(s), tier basic, route local**",
+              4: "**4 free GPU(s), tier limited, route local**"}[n]
+    assert expect in text
+    if n == 4:
+        assert "GPU0 <-> GPU1: NV18 (nvlink: 18 NVLink(s))" in text
+        assert "GPU1 <-> GPU3: PIX (pcie: one PCIe switch)" in text
+
+
+def test_write_docs_with_na_memory(tmp_path, project):
+    """--write-docs crashed on [N/A] memory (TypeError formatting None)."""
+    na = dict(H200, memory_total="[N/A]", memory_used="[N/A]", uuid="[N/A]")
+    proc = doctor_with(tmp_path, project, [na], "--write-docs", driver="[N/A]")
+    assert proc.returncode == 0, proc.stderr
+    text = (project / "docs" / "infra.md").read_text()
+    assert "[0] NVIDIA H200, cc 9.0, ? MiB, free" in text and "driver ?" in text
+    assert "? MiB" in proc.stdout  # the text report too
+
+
+def test_torch_sees_a_gpu_nvidia_smi_does_not(tmp_path, project):
+    """A sandbox (gVisor) without nvidia-smi: the GPU torch sees is routed locally.  The torch
+    probe's answer is a fake interpreter printing what torch 2.11.0+cu130 printed on such a host
+    (KINDS.md's H200 reading); no CUDA torch can run here."""
+    fake = tmp_path / "fake-python"
+    rec = {"python": str(fake), "python_version": "3.12.3", "available": True, "version": "2.11.0+cu130",
+           "cuda": "13.0", "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"],
+           "cuda_available": True, "warnings": [], "devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"}],
+           "nccl": "2.27.7", "distributed": True, "gloo": True, "nccl_backend": True, "dtensor": True}
+    fake.write_text(f"#!/bin/sh\necho 'ENVPORT-DOCTOR {json.dumps(rec)}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # no nvidia-smi
+    proc = run_envport("doctor", "--json", "--python", str(fake), root=project, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    validate(report)
+    assert report["census"]["count"] == 1 and report["census"]["nvidia_smi"] is None
+    assert (report["testable"]["tier"], report["testable"]["route"]) == ("basic", "local")
+    assert report["arch"][0]["detail"] == "sm_90 runs via sm_90"
+    assert report["driver"]["floor"] == "580" and report["driver"]["ok"] is None
+
+
+@pytest.mark.parametrize("driver,driver_cuda,torch_cuda,ok,floor", [
+    ("550.54.15", "12.4", "13.0", False, "580"),  # a cu130 wheel on an R550 driver
+    ("580.95.05", "13.0", "13.0", True, "580"),
+    ("570.26", "12.8", "12.8", True, "525.60.13"),
+    ("520.61.05", "11.8", "12.4", False, "525.60.13"),
+    (None, None, "12.8", None, "525.60.13"),  # no nvidia-smi: the floor is still named
+    ("550.54.15", "12.4", None, None, None),  # CPU torch: nothing to meet
+])
+def test_driver_against_torchs_cuda_build(driver, driver_cuda, torch_cuda, ok, floor):
+    d = driver_check(driver, driver_cuda, torch_cuda)
+    assert (d["ok"], d["floor"]) == (ok, floor)
+    if ok is False:
+        assert f">= {floor}" in d["detail"] and "fix: upgrade the driver" in d["detail"]

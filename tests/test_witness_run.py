@@ -26,16 +26,19 @@ def make_spec(**kw) -> Spec:
 
 
 def test_gpu_spec_without_gpu_is_refused_with_exit_5():
+    # No nvidia-smi GPU and an env whose python has no torch: the torch probe answers with its error.
     spec = make_spec(resources={"gpus": 1}, witnesses={"imports": ["json"], "kernel": True})
     results = run_witnesses(spec, LocalLauncher(sys.executable), WitnessOptions(host_gpus=0))
     assert [r.verdict for r in results] == [Verdict.REFUSED]
     assert results[0].reason == NO_ACCELERATOR_REASON
+    assert results[0].detail.endswith("(nvidia-smi lists 0, the env's torch did not answer)")
     assert exit_code(results) == EXIT_NO_ACCELERATOR == 5
 
 
 def test_device_cuda_makes_a_gpu_required():
     spec = make_spec(witnesses={"kernel": True})
-    results = run_witnesses(spec, LocalLauncher(sys.executable), WitnessOptions(device="cuda", host_gpus=0))
+    results = run_witnesses(spec, LocalLauncher(sys.executable), WitnessOptions(device="cuda", host_gpus=0,
+                                                                                torch_gpus=0))
     assert results[0].reason == NO_ACCELERATOR_REASON and exit_code(results) == 5
 
 
@@ -59,11 +62,12 @@ def test_plan_groups_dist_checks_by_world_size():
     assert override[0].world == 3 and "--world-size" in override[0].args
 
 
-def test_plan_passes_cuda_when_the_spec_needs_gpus():
+def test_plan_without_a_census_keeps_the_gpu_specs_full_worlds():
+    # A caller planning for an allocation it asked for (no census): NCCL at the spec's world, gloo too.
     calls = plan(make_spec(resources={"gpus": 2}, witnesses={"kernel": True, "collectives": {"world_size": 2}}),
                  WitnessOptions(only=["kernel", "collectives"]))
-    for call in calls:
-        assert call.args[call.args.index("--device") + 1] == "cuda"
+    assert [(c.script, c.backend, c.world, c.args[c.args.index("--device") + 1]) for c in calls] == [
+        ("kernel.py", "", 0, "cuda"), ("dist.py", "gloo", 2, "cpu"), ("dist.py", "nccl", 2, "cuda")]
 
 
 def test_a_witness_that_dies_before_reporting_fails_with_its_output():
@@ -118,11 +122,11 @@ def test_cli_venv_target_json_and_ledger(wit_project):
     assert set(steps) == {"python", "import torch", next(k for k in steps if k.startswith("cli ")),
                           "kernel", "collectives (world 2)"}
     assert all(s["verdict"] == "OK" for s in steps.values()), steps
-    assert all(s["seconds"] >= 0 for s in steps.values())
     ledger = json.loads((wit_project / "images" / "wit-cpu" / "ledger.json").read_text())
     rec = ledger["records"][-1]
     assert rec["kind"] == "witness" and rec["target"] == "venv" and rec["verdict"] == "OK"
-    assert rec["hash"] == data["hash"] and len(rec["steps"]) == 5
+    assert rec["hash"] == data["hash"]
+    assert [(s["step"], s["verdict"]) for s in rec["steps"]] == [(s["step"], s["verdict"]) for s in data["steps"]]
     doc = (wit_project / "docs" / "envs" / "wit-cpu.md").read_text()
     assert "validated:" in doc and "witness on venv" in doc
 

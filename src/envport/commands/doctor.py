@@ -11,11 +11,13 @@ from envport.core.verdict import EXIT_OK, EXIT_REFUSED
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "doctor", help="inventory GPUs, torch/CUDA/NCCL, disk, runtimes; map the GPU count to what is testable",
+        "doctor", help="inventory GPUs, torch/CUDA/NCCL, driver, disk, runtimes; map the GPU count to what is testable",
         description="Observe this host (nothing is installed or changed): GPUs via nvidia-smi, topology, "
         "driver, torch/CUDA/NCCL as an interpreter sees them, torch's arch list vs every GPU, free disk "
         "vs the ~150 GB recommendation, /dev/shm, docker/apptainer/srun/ssh, and which configurations "
-        "are testable here (2-D needs a perfect square >= 4 free GPUs; fewer than 4: Slurm). "
+        "are testable here (one GPU runs the kernel witness, NCCL at world 1 and a 1-D mesh locally; a 2-D "
+        "mesh needs a perfect square >= 4 free GPUs; no GPU: Slurm). GPUs are counted by nvidia-smi and by "
+        "the probed torch, whichever sees more; the driver is compared with torch's CUDA build. "
         "--env NAME judges an env's torch arch list against its sm_range without a GPU (exit 3 when "
         "it cannot cover it).")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.schema.json)")

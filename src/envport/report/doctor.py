@@ -5,10 +5,12 @@ The report is one dict (validated by docs/doctor.schema.json) rendered as text
 or JSON, and optionally as docs/infra.md: the launch recipe the witness and
 Slurm commands follow.
 
-The GPU count decides what is testable here: collectives and a 1-D DTensor
-mesh run anywhere (gloo on CPU), a 2-D square mesh on GPUs needs a perfect
-square >= 4 of free GPUs, full integration wants 8, and fewer than 4 free
-GPUs means the GPU witnesses go through Slurm.
+The GPU count decides what is testable here: collectives and DTensor run
+anywhere on gloo/CPU; one free GPU already runs the kernel witness, NCCL at
+world 1 and a size-1 mesh locally (NCCL worlds up to the free GPUs); a 2-D
+square mesh on GPUs needs a perfect square >= 4 of them and full integration
+wants 8; with no GPU the GPU witnesses go through Slurm.  GPUs are counted by
+nvidia-smi and by the probed torch, whichever sees more.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from pathlib import Path
 from typing import Optional
 
 from envport import __version__
-from envport.witness.scripts.envport_sentinel import HARDENING_ENV
 from envport.core.proc import run
-from envport.engines.gpu import gpu_inventory, topology
+from envport.engines.gpu import GpuCensus, gpu_inventory, topology, topology_pairs
+from envport.witness.scripts.envport_sentinel import HARDENING_ENV, WITNESS_ENV
 from envport.witness.arch import (
     gpu_runnable,
     parse_capability,
@@ -37,7 +39,16 @@ from envport.witness.arch import (
     torch_flavour,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields
+
+# The oldest driver each CUDA major runs on under minor version compatibility,
+# from NVIDIA's CUDA Toolkit Release Notes, table "CUDA Toolkit and Minimum
+# Required Driver Version for CUDA Minor Version Compatibility" (Linux x86-64):
+# 13.x >= 580, 12.x >= 525.60.13, 11.x >= 450.80.02.  Below it torch's CUDA
+# build does not load: torch.cuda.is_available() is False with only a warning
+# ("The NVIDIA driver on your system is too old (found version 12080)").  A
+# cu130 wheel therefore needs an R580+ driver.
+DRIVER_FLOORS: dict[int, str] = {13: "580", 12: "525.60.13", 11: "450.80.02"}
 RECOMMENDED_FREE_DISK_GB = 150.0  # images + envs + weights + build caches
 
 _TORCH_PROBE = r"""
@@ -53,7 +64,11 @@ else:
         out["arch_list"] = list(torch.cuda.get_arch_list())
     except Exception:
         out["arch_list"] = []
-    out["cuda_available"] = bool(torch.cuda.is_available())
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["cuda_available"] = bool(torch.cuda.is_available())
+    out["warnings"] = ["%s" % w.message for w in caught if "cuda" in str(w.message).lower()]
     out["devices"] = []
     if out["cuda_available"]:
         for i in range(torch.cuda.device_count()):
@@ -136,20 +151,63 @@ def gpu_configurations(free_gpus: int) -> dict:
     elif free_gpus >= 4:
         tier, route = "limited", "local"
         note = f"2-D mesh {side}x{side} on NCCL here; full integration wants 8 GPUs (Slurm)"
+    elif free_gpus >= 1:
+        tier, route = "basic", "local"
+        have = f"{free_gpus} free GPU{'s' if free_gpus != 1 else ''}"
+        note = (f"{have}: the kernel witness, NCCL up to world {free_gpus} and a 1-D mesh of {free_gpus} run "
+                f"here; a 2-D GPU mesh needs a perfect square >= 4 (Slurm); the spec's full worlds also run "
+                f"here on CPU (gloo)")
     else:
         tier, route = "none", "slurm"
-        have = f"{free_gpus} free GPU{'s' if free_gpus != 1 else ''}"
-        note = (f"{have}: a 2-D GPU mesh needs a perfect square >= 4, so GPU witnesses go through "
-                f"Slurm; collectives and DTensor still run here on CPU (gloo)")
-        mesh_2d = None
+        note = ("no free GPU: GPU witnesses go through Slurm; collectives and DTensor still run here on "
+                "CPU (gloo)")
     return {"free_gpus": free_gpus, "max_gpu_world_size": free_gpus, "mesh_2d": mesh_2d,
             "tier": tier, "route": route, "cpu_gloo": True, "note": note}
+
+
+def _version_tuple(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    try:
+        return tuple(int(x) for x in (text or "").split("."))
+    except ValueError:
+        return None
+
+
+def driver_check(driver: Optional[str], driver_cuda: Optional[str], torch_cuda: Optional[str]) -> dict:
+    """The driver against torch's CUDA build: the floor it needs, named, and whether this one meets it."""
+    out: dict = {"driver": driver, "driver_cuda": driver_cuda, "torch_cuda": torch_cuda, "floor": None,
+                 "ok": None}
+    build = _version_tuple(torch_cuda)
+    if not build:
+        out["detail"] = "torch is a CPU build (or was not probed): no driver floor to meet"
+        return out
+    floor = DRIVER_FLOORS.get(build[0])
+    out["floor"] = floor
+    need = (f"torch's CUDA {torch_cuda} build needs an NVIDIA driver >= {floor} (R{floor.split('.')[0]}+, "
+            f"NVIDIA's minor-version-compatibility table)" if floor else
+            f"torch's CUDA {torch_cuda} build: no driver floor recorded for CUDA {build[0]}.x")
+    have, have_cuda = _version_tuple(driver), _version_tuple(driver_cuda)
+    if have is None and have_cuda is None:
+        out["detail"] = f"{need}; this host's driver is unknown (no nvidia-smi answer)"
+        return out
+    too_old = bool((floor and have and have < _version_tuple(floor))
+                   or (have_cuda and have_cuda[:1] < build[:1]))
+    out["ok"] = not too_old
+    seen = f"this host's driver is {driver or '?'} (CUDA {driver_cuda or '?'})"
+    if too_old:
+        out["detail"] = (f"{need}; {seen}: torch.cuda.is_available() will be False. fix: upgrade the driver "
+                         f"to {floor or 'a newer branch'}+, or pin a torch built for CUDA {driver_cuda or 'this driver'}")
+    else:
+        out["detail"] = f"{need}; {seen}: meets it"
+    return out
 
 
 def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
     """torch's arch list judged against each GPU's capability."""
     arch_list = torch_info.get("arch_list") if torch_info.get("available") else None
     out = []
+    if not gpus:  # nvidia-smi lists none (absent, or a sandbox): judge the GPUs torch sees
+        gpus = [{"index": d.get("index"), "compute_capability": d.get("capability")}
+                for d in torch_info.get("devices") or []]
     for gpu in gpus:
         cap = gpu.get("compute_capability")
         if cap is None:
@@ -186,7 +244,7 @@ def env_arch(spec) -> dict:
                    ok=None, detail="no torch pin: nothing to judge")
         return out
     flavour, how = torch_flavour(pin, index_url)
-    arch_list = published_arch_list(flavour)
+    arch_list = published_arch_list(flavour, pin)
     out.update(flavour=flavour, how=how, arch_list=arch_list)
     if spec.sm_range is None:
         out.update(verdict=None, ok=None, detail="the spec declares no sm_range: nothing to judge")
@@ -207,7 +265,12 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
     inv = gpu_inventory()
     torch_info = torch_probe(python) if probe_torch else {"python": python or sys.executable,
                                                            "available": False, "error": "not probed"}
-    free = [g for g in inv["gpus"] if not g["in_use"]]
+    torch_seen = len(torch_info.get("devices") or []) if torch_info.get("available") else None
+    census = GpuCensus(None if inv["nvidia_smi"] is None or (inv["error"] and not inv["gpus"]) else len(inv["gpus"]),
+                       torch_seen)
+    # GPUs torch sees that nvidia-smi does not list (a sandbox) count as free: nothing says otherwise.
+    free = len([g for g in inv["gpus"] if not g["in_use"]]) + max(0, census.count - len(inv["gpus"]))
+    topo = topology()
     report = {
         "schema_version": SCHEMA_VERSION,
         "envport": __version__,
@@ -216,14 +279,18 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
                  "machine": platform.machine(), "cpus": os.cpu_count() or 1,
                  "python": sys.version.split()[0]},
         "gpus": inv,
-        "topology": topology(),
+        "census": census.to_dict(),
+        "topology": topo,
+        "topology_pairs": topology_pairs(topo),
         "torch": torch_info,
+        "driver": driver_check(inv["driver"], inv["cuda_driver"], torch_info.get("cuda")),
         "arch": arch_vs_gpus(torch_info, inv["gpus"]),
         "disk": disk(workdir or Path.cwd()),
         "shm": shm(),
         "tools": tools(),
-        "testable": gpu_configurations(len(free)),
+        "testable": gpu_configurations(free),
         "hardening_env": dict(HARDENING_ENV),
+        "witness_env": dict(WITNESS_ENV),
     }
     if spec is not None:
         report["env"] = env_arch(spec)
@@ -234,19 +301,29 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
 def verdict_line(report: dict) -> str:
     gpus = report["gpus"]["gpus"]
     t = report["testable"]
-    if not gpus:
+    census = report.get("census") or {}
+    if not gpus and not census.get("count"):
         text = ("no GPU on this host (no nvidia-smi)" if report["gpus"]["nvidia_smi"] is None
                 else f"no GPU visible ({report['gpus'].get('error') or 'nvidia-smi lists none'})")
         text += "; CPU witnesses (gloo) run here; GPU witnesses take the Slurm route"
         if not report["tools"]["srun"]["path"]:
             text += " (no srun on this host: run from a cluster login node)"
         return text
-    names = sorted({g["name"] for g in gpus})
-    return f"{len(gpus)} GPU(s) ({', '.join(names)}), {t['free_gpus']} free: {t['note']}"
+    names = sorted({g["name"] for g in gpus}) or sorted({d["name"] for d in report["torch"].get("devices") or []})
+    text = f"{census.get('count') or len(gpus)} GPU(s) ({', '.join(names)}), {t['free_gpus']} free: {t['note']}"
+    if census.get("note"):
+        text += f" (note: {census['note']})"
+    if report.get("driver", {}).get("ok") is False:
+        text += f"; DRIVER: {report['driver']['detail']}"
+    return text
 
 
 def _gb(v) -> str:
     return "?" if v is None else f"{v:g} GB"
+
+
+def _mib(v) -> str:
+    return "?" if v is None else f"{v:.0f}"
 
 
 def render_text(report: dict) -> str:
@@ -254,14 +331,21 @@ def render_text(report: dict) -> str:
              f"{report['host']['cpus']} CPUs)"]
     inv = report["gpus"]
     if inv["gpus"]:
-        lines.append(f"GPUs: {len(inv['gpus'])}, driver {inv['driver']}, CUDA (driver) {inv['cuda_driver']}")
+        lines.append(f"GPUs: {len(inv['gpus'])}, driver {inv['driver'] or '?'}, "
+                     f"CUDA (driver) {inv['cuda_driver'] or '?'}")
         for g in inv["gpus"]:
-            mem = f"{(g['memory_used_mib'] or 0):.0f}/{(g['memory_total_mib'] or 0):.0f} MiB"
+            mem = f"{_mib(g['memory_used_mib'])}/{_mib(g['memory_total_mib'])} MiB"
             lines.append(f"  [{g['index']}] {g['name']} cc {g['compute_capability'] or '?'} {mem}"
                          + (" IN USE" if g["in_use"] else " free"))
     else:
-        lines.append("GPUs: none" + (f" ({inv['error']})" if inv.get("error") else
-                                      " (nvidia-smi not found)" if inv["nvidia_smi"] is None else ""))
+        lines.append("GPUs: none listed by nvidia-smi" + (f" ({inv['error']})" if inv.get("error") else
+                                                           " (nvidia-smi not found)" if inv["nvidia_smi"] is None
+                                                           else ""))
+    census = report.get("census") or {}
+    if census.get("note"):
+        lines.append(f"  note: {census['note']}")
+    for p in report.get("topology_pairs") or []:
+        lines.append(f"  GPU{p['a']} <-> GPU{p['b']}: {p['link']} ({p['kind']}: {p['via']})")
     if report.get("topology"):
         lines.append("topology (nvidia-smi topo -m):")
         lines += [f"  {ln}" for ln in report["topology"].splitlines()]
@@ -271,9 +355,14 @@ def render_text(report: dict) -> str:
                      f"in {tr['python']}: cuda available {tr.get('cuda_available')}, "
                      f"gloo {tr.get('gloo')}, nccl {tr.get('nccl_backend')}, DTensor {tr.get('dtensor')}")
         lines.append(f"  arch list: {' '.join(tr.get('arch_list') or []) or '(none: CPU build)'}")
+        lines += [f"  torch says: {w}" for w in tr.get("warnings") or []]
     else:
         lines.append(f"torch: not importable by {tr.get('python')} ({tr.get('error')}); pass --python PATH "
                      "to probe an env's interpreter")
+    drv = report.get("driver") or {}
+    if drv.get("floor") or drv.get("ok") is not None:
+        verdict = {True: "OK      ", False: "TOO OLD ", None: "unknown "}[drv.get("ok")]
+        lines.append(f"driver: {verdict}{drv['detail']}")
     for a in report["arch"]:
         lines.append(f"  GPU {a['index']}: {a['detail']}")
     d = report["disk"]
@@ -298,101 +387,20 @@ def render_text(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+INFRA_TEMPLATE = "infra.md.j2"
+
+
+def _infra_template():
+    # The renderers' environment (StrictUndefined, trim_blocks), reading the
+    # template that sits beside this module: the report is a template, not string code.
+    import jinja2
+
+    from envport.renderers import ENV
+
+    return ENV.overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent))).get_template(INFRA_TEMPLATE)
+
+
 def render_infra_md(report: dict) -> str:
     """docs/infra.md: what this host is and the launch recipe every multi-rank run reuses."""
-    t, tr, inv = report["testable"], report["torch"], report["gpus"]
-    out = [
-        "# Test infrastructure",
-        "",
-        f"Generated by `envport doctor --write-docs` on {report['host']['hostname']} "
-        f"({report['generated'][:10]}); re-run it after the host changes. Do not edit by hand.",
-        "",
-        "## This host",
-        "",
-        f"- CPUs: {report['host']['cpus']} ({report['host']['machine']}), {report['host']['platform']}",
-    ]
-    if inv["gpus"]:
-        out.append(f"- GPUs: {len(inv['gpus'])} (driver {inv['driver']}, CUDA driver {inv['cuda_driver']})")
-        out += [f"  - [{g['index']}] {g['name']}, cc {g['compute_capability']}, "
-                f"{g['memory_total_mib']:.0f} MiB, {'in use' if g['in_use'] else 'free'}" for g in inv["gpus"]]
-    else:
-        out.append("- GPUs: none (no nvidia-smi)" if inv["nvidia_smi"] is None else "- GPUs: none visible")
-    if report.get("topology"):
-        out += ["", "```", report["topology"], "```"]
-    if tr.get("available"):
-        out.append(f"- torch {tr['version']} at `{tr['python']}`: CUDA build {tr.get('cuda') or 'none'}, "
-                   f"NCCL {tr.get('nccl') or 'none'}, gloo {tr.get('gloo')}, DTensor {tr.get('dtensor')}")
-        out.append(f"- torch arch list: {' '.join(tr.get('arch_list') or []) or 'none (CPU build)'}")
-    else:
-        out.append(f"- torch: not importable by `{tr.get('python')}` (the host interpreter need not have it; "
-                   "each env carries its own)")
-    d = report["disk"]
-    out.append(f"- disk: {d['free_gb']:g} GB free at `{d['path']}` "
-               f"({'meets' if d['ok'] else 'below'} the ~{d['recommended_gb']:g} GB recommendation)")
-    if report.get("shm"):
-        out.append(f"- /dev/shm: {report['shm']['size_gb']:g} GB")
-    tl = report["tools"]
-    out.append("- runtimes: " + ", ".join(
-        f"{k} {'yes' if v['path'] else 'no'}" for k, v in tl.items())
-        + f"; docker engine {'up' if tl['docker'].get('engine') else 'down'}")
-    out += [
-        "",
-        "## What is testable here",
-        "",
-        f"{t['note']}.",
-        "",
-        "| free GPUs | 2-D mesh | integration | route |",
-        "|---|---|---|---|",
-        "| >= 8 | yes (square, e.g. 2x2; 3x3 with 9) | full | local |",
-        "| 4-7 | yes (2x2) | limited | local |",
-        "| 0-3 | no (needs a perfect square >= 4) | none | Slurm |",
-        "",
-        f"This host: **{t['free_gpus']} free GPU(s), tier {t['tier']}, route {t['route']}**. "
-        "Collectives and DTensor always run on CPU with gloo, on any host.",
-        "",
-        "## Launch recipe",
-        "",
-        "Every multi-rank run sets these before any process group exists "
-        "(the witness does `setdefault`, so a launcher may override):",
-        "",
-        "```sh",
-        *[f"export {k}={v}" for k, v in HARDENING_ENV.items()],
-        "```",
-        "",
-        "- One free port is chosen once by the launching process and passed to every rank as "
-        "`MASTER_PORT` (never a fixed port: concurrent runs collide).",
-        "- Process-group timeouts differ by backend: gloo 120 s, NCCL 300 s (`dist.py --gloo-timeout/--nccl-timeout`); "
-        "the group deadline (`--deadline`, 300 s) dumps every rank's Python stack and kills the group.",
-        "- Ring P2P posts send/recv in rank-parity order.",
-        "",
-        "Local (this host, ranks spawned by the witness itself):",
-        "",
-        "```sh",
-        "envport witness NAME --target venv            # ~/.envport/envs/NAME/bin/python",
-        "envport witness NAME --target docker          # envport/NAME:<hash12>, witnesses mounted read-only",
-        "python src/envport/witness/scripts/dist.py --world-size 4 --checks collectives,dtensor --mesh 2,2",
-        "```",
-        "",
-        "Slurm (one process per rank; `dist.py` runs just its own rank from "
-        "`SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`):",
-        "",
-        "```sh",
-        "#SBATCH --nodes=1 --ntasks=4 --gpus-per-node=4 --time=00:15:00",
-        "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)",
-        "export MASTER_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"\", 0)); "
-        "print(s.getsockname()[1])')",
-        *[f"export {k}={v}" for k, v in HARDENING_ENV.items()],
-        "srun --label --kill-on-bad-exit=1 python WITNESS_DIR/dist.py --launch external \\",
-        "    --checks collectives,dtensor --mesh 2,2 --device cuda --deadline 600",
-        "```",
-        "",
-        "`--label` prefixes each line with its task, so the stack a rank's watchdog dumps at the "
-        "deadline (and on scancel's SIGTERM) names the rank. On a CPU-only Slurm node add "
-        "`--overcommit` when tasks exceed CPUs (`srun -n 4` on 2 CPUs otherwise pends forever) "
-        "and use `--device cpu`. WITNESS_DIR is `src/envport/witnesses` in a checkout (measured here: "
-        "`srun -n 2 --overcommit` on the one-node test cluster passes in ~4 s).",
-        "",
-        f"Verdict: {report['verdict']}.",
-        "",
-    ]
-    return "\n".join(out)
+    return _infra_template().render(r=report, hardening_env=HARDENING_ENV, witness_env=WITNESS_ENV,
+                                    mib=_mib, gb=_gb)

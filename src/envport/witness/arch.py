@@ -9,7 +9,9 @@ A torch build carries compiled code for a list of targets, the list
   >= X.Y, across majors (compute_90 runs on 10.0 and 12.0, slowly the first time).
 - `sm_XYa` / `compute_XYa`  arch-specific targets (Hopper's wgmma, Blackwell's
   tcgen05): code that only exactly capability X.Y can execute.
-- `sm_XYf`  family-specific (CUDA 12.9+): runs within the major, minor >= Y.
+- `sm_XYf` / `compute_XYf`  family-specific (CUDA 12.9+): runs within the
+  family, i.e. the same major with minor >= Y (sm_100f on 10.0 and 10.3).
+  Family PTX stays in its family too: compute_100f never JIT-compiles to 12.0.
 
 A comparison of torch or CUDA version numbers cannot answer this: a build may
 carry PTX for an older target that compiles forward, so read the list.
@@ -53,6 +55,8 @@ class ArchTarget:
     def runs_on(self, cap: Capability) -> bool:
         if self.suffix == "a":
             return cap == self.capability
+        if self.suffix == "f":  # cubin or PTX: family code never leaves its major
+            return cap[0] == self.major and cap[1] >= self.minor
         if self.ptx:
             return cap >= self.capability
         return cap[0] == self.major and cap[1] >= self.minor
@@ -149,11 +153,13 @@ def gpu_runnable(cap: Union[Capability, str], arch_list: Union[str, Iterable[str
         best = max(ptx, key=lambda t: t.capability)
         return ArchMatch(cap, True, via=best.text, jit=True)
     listed = " ".join(t.text for t in targets)
-    return ArchMatch(
-        cap, False,
-        reason=f"{sm_name(cap)} is not covered by [{listed}]: no cubin of major {cap[0]} "
-        f"at or below minor {cap[1]}, and no PTX at or below {cap[0]}.{cap[1]} to compile forward",
-    )
+    reason = (f"{sm_name(cap)} is not covered by [{listed}]: no cubin of major {cap[0]} "
+              f"at or below minor {cap[1]}, and no PTX at or below {cap[0]}.{cap[1]} to compile forward")
+    confined = [t.text for t in targets if t.suffix and t.capability <= cap]
+    if confined:
+        reason += (f" ({', '.join(confined)}: arch- and family-specific code runs only on its own "
+                   "capability or family)")
+    return ArchMatch(cap, False, reason=reason)
 
 
 @dataclass
@@ -210,26 +216,72 @@ def range_verdict(sm_range: Sequence[str], arch_list: Union[str, Iterable[str]])
 
 # --- published arch lists -----------------------------------------------------
 #
-# What `torch.cuda.get_arch_list()` prints for the official Linux x86-64 wheels,
-# by CUDA flavour.  Used only where no built env can be probed (`envport doctor
-# --env NAME` on a machine without the env or a GPU).  Lists vary a little
-# between torch minors; a probe of the built env is the authority.
+# What `torch.cuda.get_arch_list()` prints for the official Linux x86-64 wheels.
+# Used only where no built env can be probed (`envport doctor --env NAME` on a
+# machine without the env or a GPU); a probe of the built env is the authority
+# (the kernel witness and `envport doctor --python ENV/bin/python` print it).
+#
+# Up to torch 2.8 the list depended on the CUDA flavour alone; the older rows
+# are what those wheels' get_arch_list() printed.
 PUBLISHED_ARCH_LISTS: dict[str, list[str]] = {
     "cu118": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_37", "sm_90"],
     "cu121": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
     "cu124": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
     "cu126": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
+    # torch 2.7's cu128 (.ci/manywheel/build_cuda.sh at v2.7.0: 7.5;8.0;8.6;9.0;10.0;12.0+PTX)
     "cu128": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"],
-    "cu129": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"],
-    "cu130": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_110", "sm_120", "compute_120"],
     "cpu": [],
 }
 
+
+def _dotted(arch_list: str) -> list[str]:
+    """TORCH_CUDA_ARCH_LIST ("7.5;8.0;12.0+PTX") as get_arch_list() prints it (sm_75 sm_80 sm_120 compute_120)."""
+    out = []
+    for item in arch_list.split(";"):
+        digits = item.replace("+PTX", "").replace(".", "")
+        out.append(f"sm_{digits}")
+        if item.endswith("+PTX"):
+            out.append(f"compute_{digits}")
+    return out
+
+
+# From torch 2.9 the list changes by torch minor as well.  Each row is the
+# TORCH_CUDA_ARCH_LIST of pytorch's .ci/manywheel/build_cuda.sh at the release
+# tag (x86-64; aarch64 cu130 adds 11.0), which is what get_arch_list() prints:
+# - v2.9.0: cu126 5.0..9.0; cu128 7.0..12.0 (no PTX); cu129 7.0..12.0+PTX;
+#   cu130 7.5;8.0;8.6;9.0;10.0;12.0+PTX (CUDA 13 dropped Maxwell, Pascal, Volta).
+# - v2.10.0: the same lists as 2.9.
+# - v2.11.0: Volta left cu128/cu129 too (pytorch#172598, cuDNN 9.15 has no
+#   sm_70); cu128 and cu130 are 7.5;8.0;8.6;9.0;10.0;12.0 with NO PTX, cu129
+#   keeps 12.0+PTX.  A 2.11.0+cu128 and a +cu130 wheel's get_arch_list() both
+#   print sm_75 sm_80 sm_86 sm_90 sm_100 sm_120.
+# - 2.12, 2.13: cu126 and cu130 only (RELEASE.md's compatibility matrix), cu130
+#   "Turing(7.5), Ampere(8.0, 8.6), Hopper(9.0), Blackwell(10.0, 12.0+PTX),
+#   +PTX on Linux only" (RELEASE.md's CUDA support matrix; no wheel probed here).
+_CU126 = _dotted("5.0;6.0;7.0;7.5;8.0;8.6;9.0")
+_VOLTA_TO_BLACKWELL = _dotted("7.0;7.5;8.0;8.6;9.0;10.0;12.0")
+_VOLTA_TO_BLACKWELL_PTX = _dotted("7.0;7.5;8.0;8.6;9.0;10.0;12.0+PTX")
+_TURING_TO_BLACKWELL = _dotted("7.5;8.0;8.6;9.0;10.0;12.0")
+_TURING_TO_BLACKWELL_PTX = _dotted("7.5;8.0;8.6;9.0;10.0;12.0+PTX")
+PUBLISHED_ARCH_LISTS_BY_MINOR: dict[tuple[str, str], list[str]] = {
+    ("2.9", "cu126"): _CU126, ("2.9", "cu128"): _VOLTA_TO_BLACKWELL,
+    ("2.9", "cu129"): _VOLTA_TO_BLACKWELL_PTX, ("2.9", "cu130"): _TURING_TO_BLACKWELL_PTX,
+    ("2.10", "cu126"): _CU126, ("2.10", "cu128"): _VOLTA_TO_BLACKWELL,
+    ("2.10", "cu129"): _VOLTA_TO_BLACKWELL_PTX, ("2.10", "cu130"): _TURING_TO_BLACKWELL_PTX,
+    ("2.11", "cu126"): _CU126, ("2.11", "cu128"): _TURING_TO_BLACKWELL,
+    ("2.11", "cu129"): _TURING_TO_BLACKWELL_PTX, ("2.11", "cu130"): _TURING_TO_BLACKWELL,
+    ("2.12", "cu126"): _CU126, ("2.12", "cu130"): _TURING_TO_BLACKWELL_PTX,
+    ("2.13", "cu126"): _CU126, ("2.13", "cu130"): _TURING_TO_BLACKWELL_PTX,
+}
+
 # The CUDA flavour a plain `pip install torch==X.Y.*` takes from PyPI on Linux
-# x86-64 when no index_url or +local tag says otherwise.
+# x86-64 when no index_url or +local tag says otherwise.  PyPI moved to CUDA
+# 13.0 with torch 2.11 (the 2.11 release notes; dev-discuss "Transitioning PyPI
+# CUDA wheels to CUDA 13.0 as the stable release (2.11)"); 2.8-2.10 were cu128.
 PYPI_DEFAULT_FLAVOUR: dict[str, str] = {
     "2.0": "cu117", "2.1": "cu121", "2.2": "cu121", "2.3": "cu121", "2.4": "cu121",
     "2.5": "cu124", "2.6": "cu124", "2.7": "cu126", "2.8": "cu128", "2.9": "cu128",
+    "2.10": "cu128", "2.11": "cu130", "2.12": "cu130", "2.13": "cu130",
 }
 
 _FLAVOUR_RE = re.compile(r"(cu\d{3}|cpu|rocm[\d.]+)")
@@ -257,7 +309,42 @@ def torch_flavour(version: Optional[str], index_url: Optional[str] = None) -> tu
     return None, "unknown: no +local tag, no pytorch.org index and no recorded PyPI default"
 
 
-def published_arch_list(flavour: Optional[str]) -> Optional[list[str]]:
+def torch_minor(version: Optional[str]) -> Optional[str]:
+    m = re.match(r"^(\d+)\.(\d+)", version or "")
+    return f"{m[1]}.{m[2]}" if m else None
+
+
+def published_arch_list(flavour: Optional[str], version: Optional[str] = None) -> Optional[list[str]]:
+    """The arch list of torch `version`'s `flavour` wheel, or None where it is not recorded."""
     if flavour is None:
         return None
+    if flavour == "cpu":
+        return []
+    minor = torch_minor(version)
+    if minor and (minor, flavour) in PUBLISHED_ARCH_LISTS_BY_MINOR:
+        return list(PUBLISHED_ARCH_LISTS_BY_MINOR[(minor, flavour)])
+    if minor and tuple(int(x) for x in minor.split(".")) >= (2, 9):
+        return None  # a newer torch than this table: probe the env rather than guess
     return PUBLISHED_ARCH_LISTS.get(flavour)
+
+
+NO_KERNEL_IMAGE = "no kernel image is available"
+
+
+def no_kernel_image_hint(error: Optional[str], capability, arch_list) -> Optional[str]:
+    """What to do about torch's or an extension's "no kernel image is available" error.
+
+    torch's own list decides which of the two it was: when the list covers the
+    GPU, the kernel that failed came from an extension built for other targets.
+    """
+    if not error or NO_KERNEL_IMAGE not in error.lower() or capability is None:
+        return None
+    cap = parse_capability(capability) if isinstance(capability, str) else (int(capability[0]), int(capability[1]))
+    name, dotted = sm_name(cap), f"{cap[0]}.{cap[1]}"
+    match = gpu_runnable(cap, arch_list or [])
+    if match.runnable:
+        return (f"torch itself covers this GPU ({name} via {match.via}), so the kernel without an image comes "
+                f"from an extension built for other targets: rebuild it with TORCH_CUDA_ARCH_LIST=\"{dotted}\" "
+                f"(or {dotted}+PTX)")
+    return (f"this torch build has no code for {name}: {match.reason}; install a torch whose arch list "
+            f"covers {name} (envport doctor --env NAME shows what each flavour ships)")

@@ -6,6 +6,12 @@ per distinct world size), runs each under a deadline, and reads back only the
 `ENVPORT-WITNESS {...}` lines.  A check without its sentinel line is FAILED
 with the output tail: a witness that died proves nothing.
 
+GPUs are counted two ways, nvidia-smi and the env's own torch (`gpus.py`
+through the launcher), and the larger count plans the NCCL worlds: each dist
+witness runs on NCCL at the largest world the GPUs allow (one rank a GPU) and
+at the spec's full world on gloo/CPU; what the GPUs cannot hold is SKIPPED
+with "needs N GPUs, this host has M", never FAILED and never silently shrunk.
+
 A spec that needs a GPU on a host without one is REFUSED with reason
 `no_accelerator` (exit 5) before anything starts, never passed on the CPU.
 """
@@ -17,8 +23,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from envport.spec.model import Spec
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, exit_code
+from envport.engines.gpu import GpuCensus
+from envport.spec.model import Spec
 from envport.witness.scripts.envport_sentinel import FAULT_ENV, PREFIX
 
 # Start-up allowance on top of a script's own deadline: container start and
@@ -34,6 +41,7 @@ class WitnessOptions:
     deadline_s: float = 300.0  # per witness script; a group past it is dumped and killed
     check_timeout_s: float = 120.0  # per import and per CLI command
     host_gpus: Optional[int] = None  # None: count them with nvidia-smi
+    torch_gpus: Optional[int] = None  # None: ask the env's torch (gpus.py) when GPUs may be there
     fault: Optional[str] = None  # test-only, passed as ENVPORT_WITNESS_FAULT
     on_line: Optional[Callable[[str], None]] = None  # every output line, for progress
     on_step: Optional[Callable[[StepResult], None]] = None  # each result as it is known
@@ -49,6 +57,23 @@ class WitnessCall:
     label: str
     world: int = 0
     mesh: list[int] = field(default_factory=list)
+    backend: str = ""  # dist.py: "gloo" (CPU) or "nccl" (one rank a GPU)
+
+    def step_name(self, check: str) -> str:
+        """The step a check of this call reports as; NCCL runs say so, gloo keeps the plain name."""
+        on = ", nccl" if self.backend == "nccl" else ""
+        if check == "collectives":
+            return f"collectives (world {self.world}{on})"
+        if check == "dtensor":
+            return f"dtensor (mesh {'x'.join(str(m) for m in self.mesh)}{on})"
+        return check
+
+
+@dataclass
+class WitnessPlan:
+    calls: list[WitnessCall]
+    skipped: list[StepResult]  # what the GPUs here cannot hold, each with "needs N GPUs, ... has M"
+    nccl_gpus: int = 0  # GPUs the NCCL worlds were planned for (0: gloo only)
 
 
 def parse_sentinels(text: str) -> list[dict]:
@@ -75,11 +100,41 @@ def _wanted(check: str, opts: WitnessOptions) -> bool:
     return not opts.only or check in opts.only
 
 
-def plan(spec: Spec, opts: WitnessOptions) -> list[WitnessCall]:
-    """The witness scripts to start for this spec, in order."""
+UNCOUNTED = 1 << 20  # "as many GPUs as the worlds need": no census was taken
+
+
+def nccl_gpus(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]) -> int:
+    """GPUs to plan NCCL worlds on: the census's count where GPUs are wanted or the env's torch sees them.
+
+    Without a census (a caller that plans for an allocation it asked for) a spec
+    that needs GPUs gets its full worlds on NCCL: nothing shrunk, nothing skipped.
+    """
+    if opts.device == "cpu":
+        return 0
+    if census is None:
+        return UNCOUNTED if requires_gpu(spec, opts) else 0
+    if census.count < 1:
+        return 0
+    if requires_gpu(spec, opts) or (census.torch or 0) > 0:
+        return census.count
+    return 0
+
+
+def fit_mesh(mesh: Sequence[int], gpus: int) -> list[int]:
+    """The spec's mesh where the GPUs hold it, else the largest mesh of its shape they do (1-D below 4)."""
+    if math.prod(mesh) <= gpus:
+        return list(mesh)
+    side = math.isqrt(gpus)
+    return [side, side] if len(mesh) == 2 and side >= 2 else [gpus]
+
+
+def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus] = None) -> WitnessPlan:
+    """The witness scripts to start for this spec, in order, and what the GPUs here cannot hold."""
     w = spec.witnesses
-    device = "cuda" if requires_gpu(spec, opts) else opts.device
+    gpus = nccl_gpus(spec, opts, census)
+    where = census.where if census else "this host"
     calls: list[WitnessCall] = []
+    skipped: list[StepResult] = []
     basic_args: list[str] = ["--timeout", str(opts.check_timeout_s)]
     basic_checks = []
     if _wanted("python", opts):
@@ -93,34 +148,103 @@ def plan(spec: Spec, opts: WitnessOptions) -> list[WitnessCall]:
         for c in w.cli:
             basic_args += ["--cli", json.dumps({"cmd": c.cmd, "expect": c.expect})]
         basic_checks.append("cli")
+    pinned = {n: wd for n, wd in sorted(spec.weight_dirs.items()) if wd.files}
+    if _wanted("weights", opts) and pinned:
+        for n, wd in pinned.items():
+            basic_args += ["--weight", json.dumps({"name": n, "env": wd.env, "path": wd.path,
+                                                   "files": [f.model_dump() for f in wd.files]}, sort_keys=True)]
+        basic_checks.append("weights")
     if basic_checks:
         calls.append(WitnessCall("basic.py", basic_args, basic_checks,
                                  opts.check_timeout_s * (1 + len(w.imports) + len(w.cli)), "basic"))
     if _wanted("kernel", opts) and (w.kernel or "kernel" in opts.only):
+        device = "cuda" if gpus else ("cpu" if opts.device == "cpu" or census is not None else opts.device)
         calls.append(WitnessCall("kernel.py", ["--device", device], ["kernel"], opts.deadline_s, "kernel"))
-    dist_worlds: dict[int, list[str]] = {}
-    mesh: list[int] = []
+    # (backend, world) -> (checks, mesh): one group per world, so checks sharing it share the ranks' start-up.
+    groups: dict[tuple[str, int], tuple[list[str], list[int]]] = {}
+
+    def add(backend: str, world: int, check: str, mesh: Optional[list[int]] = None) -> None:
+        checks, group_mesh = groups.setdefault((backend, world), ([], []))
+        checks.append(check)
+        if mesh:
+            group_mesh[:] = mesh
+
+    def skip(check: str, world: int, mesh: Optional[list[int]], ran: str) -> None:
+        call = WitnessCall("dist.py", [], [check], 0, "", world=world, mesh=list(mesh or []), backend="nccl")
+        skipped.append(StepResult(call.step_name(check), Verdict.SKIPPED,
+                                  f"needs {world} GPUs, {where} has {gpus}; {ran}"))
+
     if _wanted("collectives", opts) and (w.collectives or "collectives" in opts.only or opts.world_size):
         world = opts.world_size or (w.collectives.world_size if w.collectives else 2)
-        dist_worlds.setdefault(world, []).append("collectives")
+        add("gloo", world, "collectives")
+        if gpus:
+            add("nccl", min(world, gpus), "collectives")
+            if world > gpus:
+                skip("collectives", world, None, f"ran at world {gpus} on NCCL and {world} on gloo")
     if _wanted("dtensor", opts) and w.dtensor:
         mesh = list(w.dtensor.mesh)
-        dist_worlds.setdefault(math.prod(mesh), []).append("dtensor")
-    for world, checks in dist_worlds.items():
-        # One group per world size: collectives and dtensor share the ranks' start-up.
-        args = ["--checks", ",".join(checks), "--world-size", str(world), "--device", device,
-                "--deadline", str(opts.deadline_s)]
+        add("gloo", math.prod(mesh), "dtensor", mesh)
+        if gpus:
+            fitted = fit_mesh(mesh, gpus)
+            add("nccl", math.prod(fitted), "dtensor", fitted)
+            if fitted != mesh:
+                skip("dtensor", math.prod(mesh), mesh,
+                     f"ran mesh {'x'.join(map(str, fitted))} on NCCL and {'x'.join(map(str, mesh))} on gloo")
+    # gloo first (the spec's own worlds), then NCCL; stable within each.
+    for (backend, world), (checks, mesh) in sorted(groups.items(), key=lambda kv: kv[0][0] == "nccl"):
+        args = ["--checks", ",".join(checks), "--world-size", str(world),
+                "--device", "cuda" if backend == "nccl" else "cpu", "--deadline", str(opts.deadline_s)]
         if "dtensor" in checks:
             args += ["--mesh", ",".join(str(m) for m in mesh)]
-        calls.append(WitnessCall("dist.py", args, checks, opts.deadline_s, f"dist world {world}",
-                                 world=world, mesh=mesh if "dtensor" in checks else []))
-    return calls
+        label = f"dist world {world}" + (" nccl" if backend == "nccl" else "")
+        calls.append(WitnessCall("dist.py", args, checks, opts.deadline_s, label, world=world,
+                                 mesh=list(mesh) if "dtensor" in checks else [], backend=backend))
+    return WitnessPlan(calls, skipped, gpus)
+
+
+def plan(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus] = None) -> list[WitnessCall]:
+    """The witness scripts to start for this spec, in order (see plan_witnesses)."""
+    return plan_witnesses(spec, opts, census).calls
 
 
 def host_gpu_count() -> int:
+    """GPUs nvidia-smi lists here (0 where it is absent or answers oddly)."""
     from envport.engines.gpu import gpu_count
 
-    return gpu_count()
+    return gpu_count() or 0
+
+
+def _torch_gpus(launcher, env: dict, opts: WitnessOptions) -> tuple[Optional[int], list[str]]:
+    """(GPUs the env's torch sees, torch's own words when it sees none); (None, why) where it did not answer."""
+    launched = launcher.run("gpus.py", [], env, opts.check_timeout_s + LAUNCH_MARGIN_S, None)
+    rec = next((r for r in parse_sentinels(launched.output) if r["check"] == "gpus"), None)
+    if rec is None:
+        return None, [f"the env's torch did not answer: {_why_missing(launched, opts.check_timeout_s)}"]
+    if not rec.get("ok"):
+        return None, [f"the env's torch: {rec.get('error')}"]
+    return int(rec.get("count") or 0), [str(x) for x in rec.get("warnings") or []]
+
+
+def gpu_census(spec: Spec, opts: WitnessOptions, launcher, env: dict) -> tuple[Optional[GpuCensus], list[str]]:
+    """Count the GPUs (nvidia-smi, then the env's torch where GPUs may be there); None for --device cpu."""
+    if opts.device == "cpu":
+        return None, []
+    from envport.engines.gpu import gpu_count
+
+    smi = opts.host_gpus if opts.host_gpus is not None else gpu_count()
+    torch_n, words = opts.torch_gpus, []
+    if torch_n is None and (requires_gpu(spec, opts) or (smi or 0) > 0):
+        torch_n, words = _torch_gpus(launcher, env, opts)
+    return GpuCensus(smi, torch_n), words
+
+
+def _census_result(census: GpuCensus, words: list[str]) -> StepResult:
+    smi = "absent" if census.smi is None else str(census.smi)
+    torch_n = "did not answer" if census.torch is None else str(census.torch)
+    lines = [f"note: {census.note}"] if census.note else []
+    lines += [f"torch: {w}" for w in words]
+    return StepResult("gpus", Verdict.OK, f"{census.count} GPU(s) on {census.where} (nvidia-smi: {smi}; "
+                      f"the env's torch: {torch_n})", lines=lines, data={"census": census.to_dict()})
 
 
 def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -> list[StepResult]:
@@ -134,27 +258,32 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
             if opts.on_step:
                 opts.on_step(r)
 
-    if requires_gpu(spec, opts):
-        gpus = host_gpu_count() if opts.host_gpus is None else opts.host_gpus
-        if gpus < 1:
-            why = (f"spec asks for {spec.resources.gpus} GPU(s)" if spec.resources.gpus
-                   else "--device cuda was asked for")
-            add([StepResult("accelerator", Verdict.REFUSED, f"{why}; this host has none",
-                            reason=NO_ACCELERATOR_REASON,
-                            lines=["fix: run on a GPU node; `envport doctor` shows the Slurm route"])])
-            return results
     problem = launcher.preflight()
     if problem is not None:
         add([problem])
         return results
-    calls = plan(spec, opts)
-    if not calls:
-        add([StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --only left none)")])
-        return results
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     if opts.fault:
         env[FAULT_ENV] = opts.fault
-    for call in calls:
+    census, words = gpu_census(spec, opts, launcher, env)
+    if requires_gpu(spec, opts) and (census is None or census.count < 1):
+        why = (f"spec asks for {spec.resources.gpus} GPU(s)" if spec.resources.gpus
+               else "--device cuda was asked for")
+        smi = "no nvidia-smi" if census is None or census.smi is None else f"nvidia-smi lists {census.smi}"
+        seen = ("the env's torch did not answer" if census is None or census.torch is None
+                else f"the env's torch sees {census.torch}")
+        add([StepResult("accelerator", Verdict.REFUSED, f"{why}; this host has none ({smi}, {seen})",
+                        reason=NO_ACCELERATOR_REASON,
+                        lines=[f"torch: {w}" for w in words]
+                        + ["fix: run on a GPU node; `envport doctor` shows the Slurm route"])])
+        return results
+    if census is not None and (census.count > 0 or census.note):
+        add([_census_result(census, words)])
+    planned = plan_witnesses(spec, opts, census)
+    if not planned.calls:
+        add([StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --only left none)")])
+        return results
+    for call in planned.calls:
         if opts.on_start:
             opts.on_start(call)
         args = list(call.args)
@@ -162,6 +291,7 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
             args += ["--launch", "spawn" if launcher.spawns_ranks else "external"]
         launched = launcher.run(call.script, args, env, call.deadline_s + LAUNCH_MARGIN_S, opts.on_line)
         add(call_results(spec, call, launched))
+    add(planned.skipped)
     return results
 
 
@@ -199,6 +329,8 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
         wanted += [("import", m, f"import {m}") for m in spec.witnesses.imports]
     if "cli" in call.checks:
         wanted += [("cli", c.cmd, f"cli {c.cmd}") for c in spec.witnesses.cli]
+    if "weights" in call.checks:
+        wanted += [("weight", n, f"weight {n}") for n, w in sorted(spec.weight_dirs.items()) if w.files]
     for check, name, step in wanted:
         rec = by_key.get((check, name))
         if rec is None:
@@ -211,6 +343,17 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
             out.append(StepResult(step, Verdict.OK if rec["ok"] else Verdict.FAILED, detail, seconds=secs,
                                   lines=[] if rec["ok"] else [f"fix: the env's interpreter is {rec.get('got')}, "
                                                               f"the spec says python: \"{rec.get('expected')}\""]))
+        elif check == "weight":
+            where = f"${rec.get('env')}={rec.get('folder')}" if rec.get("env") else str(rec.get("folder"))
+            if rec["ok"]:
+                ro = "read-only" if rec.get("read_only") else "writable"
+                out.append(StepResult(step, Verdict.OK, f"{rec.get('files')} file(s) at their pins via {where} "
+                                      f"({ro})", seconds=secs, data={"read_only": bool(rec.get("read_only"))}))
+            else:
+                probs = list(rec.get("problems") or [])
+                out.append(StepResult(step, Verdict.FAILED, probs[0] if probs else "weight check failed",
+                                      lines=probs[1:] + [f"fix: envport weights verify {spec.name}, then "
+                                                         f"envport weights fetch {spec.name}"], seconds=secs))
         elif check == "import":
             if rec["ok"]:
                 ver = rec.get("version") or "no __version__"
@@ -255,6 +398,11 @@ def _kernel_results(spec: Spec, call: WitnessCall, records: list[dict], launched
                              f"{spec.sm_range[0]}..{spec.sm_range[1]}")
     if not ok:
         detail = rec.get("error") or detail
+        from envport.witness.arch import no_kernel_image_hint
+
+        hint = no_kernel_image_hint(rec.get("error"), rec.get("capability"), rec.get("arch_list"))
+        if hint:
+            lines.append(f"fix: {hint}")
     return [StepResult("kernel", Verdict.OK if ok else Verdict.FAILED, detail, lines=lines, seconds=secs)]
 
 
@@ -263,6 +411,29 @@ def _fmt_failure(rank: int, op: dict) -> str:
         return (f"rank {rank} {op['op']} ({op.get('api')}): expected shape {op['expected_shape']}, "
                 f"got {op['got_shape']}")
     return f"rank {rank} {op['op']} ({op.get('api')}): expected {op.get('expected')}, got {op.get('got')}"
+
+
+def _rank_problems(ranks: dict[int, dict]) -> tuple[list[str], list[str]]:
+    """(one line per distinct error or wrong value, naming its ranks; the fixes and arch hints they carry)."""
+    from envport.witness.arch import no_kernel_image_hint
+
+    by_error: dict[str, list[int]] = {}
+    problems: list[str] = []
+    fixes: list[str] = []
+    for rank, rec in sorted(ranks.items()):
+        if rec.get("error"):
+            by_error.setdefault(rec["error"], []).append(rank)
+            for extra in (rec.get("fix"), no_kernel_image_hint(rec["error"], rec.get("capability"),
+                                                                rec.get("arch_list"))):
+                if extra:
+                    extra = extra if extra.startswith("fix: ") else f"fix: {extra}"
+                    if extra not in fixes:
+                        fixes.append(extra)
+        for op in rec.get("failures") or []:
+            problems.append(_fmt_failure(rank, op))
+    errors = [f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {err}"
+              for err, rs in sorted(by_error.items(), key=lambda kv: kv[1])]
+    return errors + problems, fixes
 
 
 def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[StepResult]:
@@ -274,15 +445,9 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
             stack_lines += [f"  {ln}" for ln in text.splitlines() if ln.strip()]
     out: list[StepResult] = []
     for n, check in enumerate(call.checks):
-        step = (f"collectives (world {call.world})" if check == "collectives"
-                else f"dtensor (mesh {'x'.join(str(m) for m in call.mesh)})")
+        step = call.step_name(check)
         ranks = {r["rank"]: r for r in records if r["check"] == check and "rank" in r}
-        problems: list[str] = []
-        for rank, rec in sorted(ranks.items()):
-            if rec.get("error"):
-                problems.append(f"rank {rank}: {rec['error']}")
-            for op in rec.get("failures") or []:
-                problems.append(_fmt_failure(rank, op))
+        problems, fixes = _rank_problems(ranks)
         missing = sorted(set(range(call.world)) - set(ranks))
         # The first check of a group carries the launch (interpreter, torch
         # import, rendezvous); a check sharing the group adds only its own time.
@@ -298,10 +463,11 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
                 detail += f" (skipped: {', '.join(skipped)})"
             out.append(StepResult(step, Verdict.OK, detail, seconds=secs))
             continue
-        if missing:
-            if group and group.get("outcome") == "deadline":
-                problems.insert(0, f"no report from ranks {missing}: {group.get('note')}")
-            elif group and group.get("note"):
+        if group and group.get("error"):
+            # The group refused before any rank started ("world size 2 needs 2 GPUs, torch sees 1").
+            problems.insert(0, group["error"])
+        elif missing:
+            if group and group.get("note"):
                 problems.insert(0, f"no report from ranks {missing}: {group['note']}")
             elif group is None:
                 problems.insert(0, f"no report from ranks {missing}; "
@@ -313,7 +479,7 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
             detail += f" (+{len(problems) - 1} more)"
         # Without a group line (srun, torchrun) each rank's watchdog wrote its
         # own stack to the output: keep enough of it to show every rank.
-        lines = problems[1:] + stack_lines + (_tail(launched, 20 * max(call.world, 2)) if not group else [])
+        lines = problems[1:] + fixes + stack_lines + (_tail(launched, 20 * max(call.world, 2)) if not group else [])
         out.append(StepResult(step, Verdict.FAILED, detail, lines=lines, seconds=secs))
     return out
 

@@ -22,13 +22,19 @@ float32 are exact under any reduction order):
   dtensor      init_device_mesh on the spec's mesh (1-D or square 2-D), Shard(0) /
                Shard(1) placements: to_local shapes and values, full_tensor round trip.
 
-gloo on CPU, NCCL on GPUs; the process-group timeouts differ per backend.
+gloo on CPU, NCCL on GPUs (one rank a GPU: before NCCL starts, every rank
+puts its GPU's UUID in the rendezvous store, and two ranks on one GPU fail with
+the ranks, the GPU and the fix instead of NCCL's "Duplicate GPU detected").
+Timeouts fire in order: the NCCL process groups' (DeviceMesh sub-groups too),
+with TORCH_NCCL_BLOCKING_WAIT, well inside the group deadline, so a hang is an
+error on the rank's sentinel line before the deadline dumps the stacks.
 stdlib + torch only: this file is bind-mounted into built envs.
 """
 
 import argparse
 import datetime
 import faulthandler
+import inspect
 import json
 import os
 import signal
@@ -42,7 +48,7 @@ import warnings
 T_START = time.time()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from envport_sentinel import HARDENING_ENV, emit, faults, free_port  # noqa: E402
+from envport_sentinel import WITNESS_ENV, emit, faults, free_port  # noqa: E402
 
 CHUNK = 4  # elements each rank contributes; small, so a mismatch prints whole
 
@@ -212,7 +218,8 @@ def _dtensor_api():
     return Replicate, Shard, distribute_tensor, init_device_mesh
 
 
-def run_dtensor(torch, rank, world, device, mesh_shape, chk):
+def run_dtensor(torch, rank, world, device, mesh_shape, chk, timeout=None):
+    """The round trip on `mesh_shape`; returns the mesh's per-dimension process groups."""
     Replicate, Shard, distribute_tensor, init_device_mesh = _dtensor_api()
     if len(mesh_shape) not in (1, 2) or (len(mesh_shape) == 2 and mesh_shape[0] != mesh_shape[1]):
         raise ValueError("mesh must be 1-D or square 2-D, got %s" % (mesh_shape,))
@@ -222,6 +229,10 @@ def run_dtensor(torch, rank, world, device, mesh_shape, chk):
     if size != world:
         raise ValueError("mesh %s needs %d ranks, the group has %d" % (mesh_shape, size, world))
     mesh = init_device_mesh(device.type, tuple(mesh_shape))
+    groups = [mesh.get_group(d) for d in range(len(mesh_shape))]
+    if timeout is not None:
+        import torch.distributed as dist
+        _set_subgroup_timeouts(dist, groups, timeout)
     coord = mesh.get_coordinate()
     rows, cols = 4 * mesh_shape[0], 4 * mesh_shape[-1]
     glob = torch.arange(rows * cols, dtype=torch.float32, device=device).reshape(rows, cols)
@@ -243,11 +254,107 @@ def run_dtensor(torch, rank, world, device, mesh_shape, chk):
             full = dt.full_tensor()
         chk.check("to_local[%s]" % label, local, expected, api="DTensor.to_local", caught=caught)
         chk.check("full_tensor[%s]" % label, full, glob, api="DTensor.full_tensor")
+    return groups
+
+
+SHARE_FIX = ("fix: one rank per GPU: under Slurm `srun --gpus-per-task=1` (or no more tasks than "
+             "--gpus), under torchrun --nproc-per-node <= the GPUs, and check CUDA_VISIBLE_DEVICES")
+DUPLICATE_GPU = "Duplicate GPU detected"
+
+
+def error_text(exc):
+    """One line for a rank's error that keeps the reason.
+
+    NCCL's exception text starts with where torch raised it ("NCCL error in:
+    ...ProcessGroupNCCL.cpp:..., invalid usage ...") and puts the reason after a
+    "Last error:" line; the first line alone says nothing about why.
+    """
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = "%s: %s" % (type(exc).__name__, lines[0] if lines else "")
+    for i, ln in enumerate(lines):
+        if ln.startswith("Last error:"):
+            rest = ln[len("Last error:"):].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            if rest:
+                text += " | Last error: " + rest
+            break
+    return text
+
+
+def error_fix(text):
+    if DUPLICATE_GPU in text or "share GPU" in text:
+        return SHARE_FIX
+    return None
+
+
+def shared_gpus(idents):
+    """{rank: gpu id} -> [(ranks, gpu id)] for every GPU more than one rank sits on."""
+    by_gpu = {}
+    for rank in sorted(idents):
+        by_gpu.setdefault(idents[rank], []).append(rank)
+    return sorted(((ranks, gpu) for gpu, ranks in by_gpu.items() if len(ranks) > 1), key=lambda x: x[0])
+
+
+def shared_gpu_message(groups):
+    return "; ".join("ranks %s share GPU %s" % (", ".join(str(r) for r in ranks), gpu) for ranks, gpu in groups)
+
+
+class SharedGpuError(RuntimeError):
+    pass
+
+
+def gpu_identity(torch, index):
+    """This rank's GPU as nvidia-smi names it (GPU-<uuid>), else its PCI address."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        return text if text.startswith("GPU-") else "GPU-" + text
+    if hasattr(props, "pci_bus_id"):
+        return "PCI %04x:%02x:%02x" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+    return "cuda:%d" % index
+
+
+def exchange_gpus(store, rank, world, ident):
+    """Every rank's GPU through the rendezvous store; raises SharedGpuError naming who shares what."""
+    store.set("envport/gpu/%d" % rank, ident)
+    idents = {r: store.get("envport/gpu/%d" % r).decode("utf-8", "replace") for r in range(world)}
+    groups = shared_gpus(idents)
+    if groups:
+        raise SharedGpuError(shared_gpu_message(groups))
+    return idents
+
+
+def pg_timeout_s(opts, backend):
+    """NCCL's timeout sits well inside what is left of the deadline (which counts from import),
+    so NCCL reports a hang itself; gloo keeps its own (the deadline's stack dump covers it)."""
+    if backend != "nccl":
+        return opts["gloo_timeout"]
+    left = opts["deadline"] - (time.time() - T_START)
+    inside = max(5.0, left / 2.0)
+    return min(opts["nccl_timeout"], inside) if opts.get("nccl_timeout") else inside
+
+
+def _set_subgroup_timeouts(dist, groups, timeout):
+    """DeviceMesh sub-groups otherwise get torch's default (10 min NCCL, 30 min gloo)."""
+    try:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+    except ImportError:  # older torch: the module defaults set before the mesh still apply
+        return
+    for group in groups:
+        if group is not None:
+            _set_pg_timeout(timeout, group)
+
+
+def _group_timeout_s(torch, group, device):
+    try:
+        return group._get_backend(device).options._timeout.total_seconds()
+    except Exception:  # not every torch/backend exposes it
+        return None
 
 
 def run_rank(rank, world, local_rank, opts, result_path=None):
     """One rank, both modes.  Returns True if every check on this rank passed."""
-    for key, value in HARDENING_ENV.items():
+    for key, value in WITNESS_ENV.items():
         os.environ.setdefault(key, value)
     fault_list = faults()
     t0 = time.time()
@@ -260,18 +367,38 @@ def run_rank(rank, world, local_rank, opts, result_path=None):
         import torch.distributed as dist
 
         want = opts["device"]
+        ident = None
         if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
             if not torch.cuda.is_available():
                 raise RuntimeError("a CUDA device was required but torch.cuda.is_available() is False")
             index = local_rank % torch.cuda.device_count()
             torch.cuda.set_device(index)
             device, backend = torch.device("cuda", index), "nccl"
-            timeout = opts["nccl_timeout"]
+            ident = gpu_identity(torch, index)
+            base.update(gpu=ident, capability=list(torch.cuda.get_device_capability(index)),
+                        arch_list=list(torch.cuda.get_arch_list()))
         else:
-            device, backend, timeout = torch.device("cpu"), "gloo", opts["gloo_timeout"]
+            device, backend = torch.device("cpu"), "gloo"
+        same = [r for kind, r, _ in fault_list if kind == "samegpu"]
+        if same:  # test-only: rank R claims rank 0's GPU, so the check runs for real without GPUs
+            ident = "GPU-envport-fake-%d" % (0 if rank in same else rank)
+        timeout = datetime.timedelta(seconds=pg_timeout_s(opts, backend))
         base.update(backend=backend, device=str(device), torch=torch.__version__)
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        # Our own rendezvous (env://, as init_process_group would do it) so the
+        # GPU check below can use the store before NCCL starts.
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        store.set_timeout(timeout)
+        if ident is not None:
+            exchange_gpus(store, rank, world, ident)
+        # Module defaults reach the sub-groups torch creates without a timeout (DeviceMesh's).
+        import torch.distributed.distributed_c10d as c10d
+        c10d.default_pg_timeout = timeout
+        if backend == "nccl":
+            c10d.default_pg_nccl_timeout = timeout
+        init_kw = {}
+        if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+            init_kw["device_id"] = device  # binds the rank to its GPU: no guessing, eager NCCL init
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **init_kw)
         # The end-of-run handshake happens on the host with its own (gloo)
         # timeout, so a wedged GPU cannot stall it for the NCCL timeout.
         host_group = None
@@ -290,14 +417,17 @@ def run_rank(rank, world, local_rank, opts, result_path=None):
             current = check
             t = time.time()
             chk = Checker(torch, rank, fault_list)
+            extra = {}
             if check == "collectives":
                 run_collectives(torch, dist, rank, world, device, chk)
             elif check == "dtensor":
-                run_dtensor(torch, rank, world, device, opts["mesh"], chk)
+                groups = run_dtensor(torch, rank, world, device, opts["mesh"], chk, timeout)
+                extra["timeouts_s"] = {"default": _group_timeout_s(torch, c10d._get_default_group(), device),
+                                       "mesh": [_group_timeout_s(torch, g, device) for g in groups]}
             else:
                 raise ValueError("unknown check %r" % check)
             rec = dict(base, check=check, ok=not chk.failures, ops=chk.ops,
-                       failures=chk.failures, seconds=round(time.time() - t, 3))
+                       failures=chk.failures, seconds=round(time.time() - t, 3), **extra)
             if check == "dtensor":
                 rec["mesh"] = opts["mesh"]
             emit(rec)
@@ -310,8 +440,11 @@ def run_rank(rank, world, local_rank, opts, result_path=None):
         return ok
     except Exception as exc:
         lines = traceback.format_exc().splitlines()
-        rec = dict(base, check=current, ok=False, error="%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""),
+        rec = dict(base, check=current, ok=False, error=error_text(exc),
                    traceback=lines[-15:], seconds=round(time.time() - t0, 3))
+        fix = error_fix(rec["error"])
+        if fix:
+            rec["fix"] = fix
         emit(rec)
         for check in checks:  # the checks never reached fail too, visibly
             if check not in done and check != current:
@@ -352,7 +485,10 @@ def _spawn_entry(local_rank, world, opts, stack_dir):
     try:
         ok = run_rank(rank, world, rank, opts, os.path.join(stack_dir, "result-rank%d.json" % rank))
     except Exception:
-        sys.exit(1)  # already reported on the sentinel line
+        # Already reported on the sentinel line.  No sys.exit: the NCCL group is
+        # still alive, and its teardown at interpreter exit can hang or SIGABRT,
+        # leaving the parent to wait out the deadline.
+        _exit_now(1)
     _exit_now(0 if ok else 1)
 
 
@@ -388,7 +524,7 @@ def spawn_group(world, opts):
             opts = dict(opts, device="cuda")
     else:
         opts = dict(opts, device="cpu")
-    for key, value in HARDENING_ENV.items():
+    for key, value in WITNESS_ENV.items():
         os.environ.setdefault(key, value)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
@@ -516,7 +652,8 @@ def parse_args(argv=None):
                     help="auto: external when RANK/WORLD_SIZE (or SLURM_PROCID) are set, else spawn")
     ap.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole group")
     ap.add_argument("--gloo-timeout", type=float, default=120.0, help="gloo process-group timeout (s)")
-    ap.add_argument("--nccl-timeout", type=float, default=300.0, help="NCCL process-group timeout (s)")
+    ap.add_argument("--nccl-timeout", type=float, default=0.0,
+                    help="NCCL process-group timeout (s); default: half of what is left of the deadline")
     args = ap.parse_args(argv)
     bad = [c for c in args.checks.split(",") if c and c not in ("collectives", "dtensor")]
     if bad:

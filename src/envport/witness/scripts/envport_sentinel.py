@@ -13,15 +13,25 @@ import socket
 import sys
 
 PREFIX = "ENVPORT-WITNESS "
-FAULT_ENV = "ENVPORT_WITNESS_FAULT"  # test-only: "hang:1", "wrong:1", "crash:1[,...]"
+FAULT_ENV = "ENVPORT_WITNESS_FAULT"  # test-only: "hang:1", "wrong:1", "crash:1", "samegpu:1" [,...]
+FAULT_KINDS = ("hang", "wrong", "crash", "samegpu")
 # Set before any process group exists (setdefault: the launcher may know better).
 # Async error handling lets a failed NCCL rank tear the group down instead of
-# leaving its peers blocked; expandable segments avoid fragmentation OOMs.
-# The doctor's launch recipe exports the same (one definition, shared by both).
+# leaving its peers blocked.  The doctor's launch recipe exports the same (one
+# definition, shared by both).  No allocator setting: PYTORCH_CUDA_ALLOC_CONF
+# prints a deprecation warning on every rank from torch 2.9 (renamed
+# PYTORCH_ALLOC_CONF), and expandable segments are one more thing a sandboxed
+# runtime must support, for witnesses that allocate a few bytes.
 HARDENING_ENV = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
+# What the witnesses add on top.  Blocking wait turns a hung NCCL collective
+# into an exception at its process group's timeout (set inside the witness
+# deadline), so the rank reports it on its sentinel line instead of showing
+# only a stack in `.to("cpu")`; torch then ignores async error handling in that
+# process.  NCCL_DEBUG=WARN keeps NCCL's own reason (the WARN line behind its
+# "Last error:") in the output.
+WITNESS_ENV = dict(HARDENING_ENV, TORCH_NCCL_BLOCKING_WAIT="1", NCCL_DEBUG="WARN")
 
 
 def free_port():
@@ -48,7 +58,7 @@ def faults():
     out = []
     for item in os.environ.get(FAULT_ENV, "").split(","):
         parts = item.strip().split(":")
-        if len(parts) < 2 or parts[0] not in ("hang", "wrong", "crash"):
+        if len(parts) < 2 or parts[0] not in FAULT_KINDS:
             continue
         try:
             rank = int(parts[1])

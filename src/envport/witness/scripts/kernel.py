@@ -3,7 +3,9 @@
 A seeded two-layer MLP forward pass; the sentinel carries the device, output
 shape and a checksum.  On a GPU the same pass also runs on the CPU and the two
 must agree, and the card's capability is reported with torch's arch list so
-the caller can say why a "no kernel image is available" happened.
+the caller can say why a "no kernel image is available" happened.  Where CUDA
+is unavailable, torch's own words come back (its "The NVIDIA driver on your
+system is too old (found version 12080)" warning), not just "unavailable".
 
     python kernel.py [--device auto|cpu|cuda]
 """
@@ -12,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from envport_sentinel import emit  # noqa: E402
@@ -40,10 +43,18 @@ def main(argv=None):
         import torch
         rec["torch"] = torch.__version__
         rec["cuda"] = getattr(torch.version, "cuda", None)
-        cuda_ok = torch.cuda.is_available()
+        # torch says why CUDA is unavailable only as a warning, once, on the first probe.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cuda_ok = torch.cuda.is_available()
+        said = ["%s" % w.message for w in caught if "cuda" in str(w.message).lower()]
+        if said:
+            rec["cuda_warnings"] = said
         if args.device == "cuda" and not cuda_ok:
             rec["error"] = ("a CUDA device was required but torch.cuda.is_available() is False "
                             "(torch %s, built for CUDA %s)" % (torch.__version__, rec["cuda"]))
+            if said:
+                rec["error"] += ": " + said[0]
             rec["seconds"] = round(time.time() - t, 3)
             emit(rec)
             return 1
