@@ -18,9 +18,11 @@ from envport.core.errors import EnvportError
 # Order is the order of `envport --help`.
 COMMANDS = [
     "validate",
+    "import_",
     "schema",
     "show",
     "render",
+    "lock",
     "base",
     "wheelhouse",
     "build",

@@ -21,6 +21,10 @@ def register(sub) -> None:
     p.add_argument("--host", default=None, help="venv/conda: build on this SSH host (site alias or destination)")
     p.add_argument("--rebuild", action="store_true", help="build even when present")
     p.add_argument("--no-cache", action="store_true", help="docker: do not reuse the engine's layer cache")
+    p.add_argument("--no-lock", action="store_true",
+                   help="resolve every pip phase at build time even when specs/<name>.lock fits the spec "
+                   "(another env, with another hash; the ledger records it). Without it a lock that does not "
+                   "fit is REFUSED [lock_stale|lock_python|lock_platform] with `envport lock NAME` as the fix")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(func=run)
 
@@ -30,7 +34,7 @@ def _fast_present(args) -> int | None:
     from pathlib import Path
 
     from envport.build.docker.present import present
-    if args.target != "docker" or args.rebuild or args.no_cache or args.spec.endswith((".yaml", ".yml")):
+    if args.target != "docker" or args.rebuild or args.no_cache or args.no_lock or args.spec.endswith((".yaml", ".yml")):
         return None
     root = Path(args.root).resolve() if args.root else Path.cwd()
     if not (root / "specs" / f"{args.spec}.yaml").is_file():
@@ -61,15 +65,36 @@ def run(args) -> int:
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
+    site, refused, lock_fact = _lock_gate(args, loaded, site)
     identity = resolve(loaded, site, args.target).identity
-    results = _build(args, loaded, site, root, identity, stderr_progress)
+    results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
     code = report(results, args.json)
     last = results[-1]
     ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last,
-                  seconds=sum(r.seconds for r in results))
+                  seconds=sum(r.seconds for r in results), lock=lock_fact)
     if not args.json:
         print(f"{last.verdict.value} {identity.ref} --target {args.target}")
     return code
+
+
+def _lock_gate(args, loaded, site):
+    """(site, a REFUSED result or None, what the ledger says about the lock) before anything is built.
+
+    A lock that no longer fits the spec is refused rather than ignored: building the spec's phases
+    unlocked would be another env under the same name as the one the lock was reviewed for."""
+    from envport.core.verdict import StepResult, Verdict
+    from envport.plan.lock import load_for, lock_path, problems
+
+    if args.no_lock:
+        return site.model_copy(update={"lock": False}), None, "off (--no-lock)"
+    lock = load_for(loaded) if site.lock else None
+    if lock is None:
+        return site, None, "none"
+    found = problems(lock, loaded)
+    if found:
+        return site, StepResult(f"lock {lock_path(loaded).name}", Verdict.REFUSED, found[0].message,
+                                reason=found[0].reason), "refused"
+    return site, None, lock_path(loaded).name
 
 
 def _build(args, loaded, site, root, identity, progress):

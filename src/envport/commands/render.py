@@ -29,9 +29,14 @@ def run(args) -> int:
     root = project_root(args)
     targets = tuple(args.target) if args.target else TARGETS
     full = set(targets) == set(TARGETS)
-    renderings = [render_spec(loaded, targets) for loaded in load_selected(args)]
+    selected = load_selected(args)
+    renderings = [render_spec(loaded, targets) for loaded in selected]
     if args.check:
         drifted = [d for r in renderings for d in drift(root, r, full)]
+        # A lock the spec has moved past renders as unlocked recipes: that is drift too.
+        from envport.plan.lock import stale
+        drifted += [f"{ld.path.with_suffix('.lock').name} [{p.reason}]: {p.message}"
+                    for ld in selected if (p := stale(ld))]
         for d in drifted:
             print(f"drift: {d}", file=sys.stderr)
         if drifted:

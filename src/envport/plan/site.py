@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -61,6 +61,11 @@ class Site(_Model):
                            "a missing base is REFUSED with the fix instead of a pull that cannot succeed")
     hosts: dict[str, SshHost] = {}
     apptainer: ApptainerDirs = ApptainerDirs()
+    installer: Literal["pip", "uv"] = Field(
+        default="pip", description="what installs each pip phase where the env is built: pip, or uv "
+        "(`uv pip install`, from the PyPI wheel, kept outside the env); with a lock both give the same env")
+    lock: bool = Field(default=True, description="install each phase from specs/<name>.lock when the spec "
+                       "has one that fits it; `envport build --no-lock` turns this off for one build")
 
     def ca_bytes(self) -> bytes:
         if not self.ca_bundle:
@@ -109,10 +114,18 @@ def apply_site(plan: Plan, site: Site) -> Plan:
             if ca:
                 steps.append(CaStep(CA_PATH_IN_ENV, hashlib.sha256(ca).hexdigest(), ca))
         elif isinstance(step, PipStep):
-            steps.append(dataclasses.replace(step, site_args=tuple(_site_pip_args(site))))
+            steps.append(dataclasses.replace(step, site_args=tuple(_site_pip_args(site)), installer=site.installer))
         else:
             steps.append(step)
     return dataclasses.replace(plan, steps=tuple(steps))
+
+
+def apply_installer(plan: Plan, site: Site) -> Plan:
+    """A host build's plan keeps the host's own pip sources; only the site's installer reaches it."""
+    if site.installer == "pip":
+        return plan
+    return dataclasses.replace(plan, steps=tuple(
+        dataclasses.replace(s, installer=site.installer) if isinstance(s, PipStep) else s for s in plan.steps))
 
 
 def _site_pip_args(site: Site) -> list[str]:

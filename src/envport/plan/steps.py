@@ -16,10 +16,15 @@ from typing import Union
 
 from envport.spec.loader import Loaded
 from envport.spec.model import PipPhase
+from envport.plan.lock import LockedDist, current as current_lock
 
 # Where containers keep the env's interpreter: a venv, so pip never fights the
 # distribution's externally-managed Python (PEP 668) on Debian/Ubuntu bases.
 CONTAINER_VENV = "/opt/envport/venv"
+# Where a container recipe puts each locked phase's requirements (`%files` must not use /tmp:
+# apptainer mounts the host's /tmp over the image's during %post).
+CONTAINER_LOCKS = "/opt/envport/locks"
+INSTALLERS = ("pip", "uv")
 
 
 @dataclass(frozen=True)
@@ -81,24 +86,53 @@ class PipStep:
     pre: bool = False
     # Set by a site profile (sources, --no-index wheelhouse); the spec never sets it.
     site_args: tuple[str, ...] = ()
+    # The lock's set for this phase (plan/lock.py), installed exactly: --no-deps --require-hashes
+    # from the requirements file the recipe carries.  Empty: the phase resolves at build time.
+    locked: tuple[LockedDist, ...] = ()
+    # Who installs it, set by the site profile: pip or uv (from the PyPI wheel, outside the env).
+    installer: str = "pip"
     kind: str = "pip"
 
     @property
     def uses_wheelhouse(self) -> bool:
         return "--no-index" in self.site_args
 
-    def pip_args(self) -> list[str]:
-        """Arguments after `pip install`, identical on every target."""
+    @property
+    def marker(self) -> str:
+        return f"pip-{self.index}"
+
+    @property
+    def lock_file(self) -> str:
+        """The phase's requirements file inside a container (renderers copy it there)."""
+        return f"{CONTAINER_LOCKS}/{self.marker}.txt"
+
+    def requirements_text(self) -> str:
+        return "".join(d.requirement() + "\n" for d in self.locked)
+
+    def pip_args(self, requirements: str | None = None) -> list[str]:
+        """Arguments after `pip install`, identical on every target.
+
+        A locked phase installs `-r <requirements>` (default: the container path; pass "" to leave
+        `-r` off and add your own) instead of the spec's requirements."""
         args = list(self.site_args)
         if not self.uses_wheelhouse:
             args += self.source_args()
-        return args + self._flags() + list(self.packages)
+        if self.locked:
+            args += ["--no-deps", "--require-hashes"] + (["--force-reinstall"] if self.force_reinstall else [])
+            req = self.lock_file if requirements is None else requirements
+            return args + (["-r", req] if req else [])
+        return args + self.flag_args() + list(self.packages)
+
+    def uv_args(self, requirements: str | None = None) -> list[str]:
+        """The same phase for `uv pip install`: uv spells two flags its own way."""
+        spelled = {"--force-reinstall": "--reinstall", "--pre": "--prerelease=allow"}
+        return [spelled.get(a, a) for a in self.pip_args(requirements)]
 
     def source_args(self) -> list[str]:
         """Where the spec says this phase's distributions come from."""
         return pip_source_args(self.index_url, self.extra_index_urls, self.find_links)
 
-    def _flags(self) -> list[str]:
+    def flag_args(self) -> list[str]:
         args = []
         if self.no_deps:
             args.append("--no-deps")
@@ -176,6 +210,12 @@ def _canonical(step: Step) -> dict:
     d.pop("data", None)
     for f in d.get("files", ()):
         f.pop("data", None)
+    if d["kind"] == "pip":
+        # An unlocked phase installed by pip hashes as it did before locks and installers existed.
+        if not d["locked"]:
+            d.pop("locked")
+        if d["installer"] == "pip":
+            d.pop("installer")
     return d
 
 
@@ -183,7 +223,8 @@ def step_marker(step: Step) -> str:
     return f"pip-{step.index}" if isinstance(step, PipStep) else step.kind
 
 
-def _pip_step(i: int, phase: PipPhase) -> PipStep:
+def _pip_step(i: int, phase: PipPhase, lock=None) -> PipStep:
+    locked = lock.phase(i) if lock is not None else None
     return PipStep(
         index=i,
         packages=tuple(phase.packages),
@@ -193,12 +234,17 @@ def _pip_step(i: int, phase: PipPhase) -> PipStep:
         no_deps=phase.no_deps,
         force_reinstall=phase.force_reinstall,
         pre=phase.pre,
+        locked=locked.dists if locked is not None else (),
     )
 
 
-def make_plan(loaded: Loaded) -> Plan:
-    """Pure: the same spec and shim bytes give the same plan."""
+def make_plan(loaded: Loaded, locked: bool = True) -> Plan:
+    """Pure: the same spec, shim bytes and lock give the same plan.
+
+    With `locked`, a lock that fits the spec's phases (specs/<name>.lock, plan/lock.py) makes each
+    phase its locked set; `locked=False` is `--no-lock`: every phase resolves at build time."""
     spec = loaded.spec
+    lock = current_lock(loaded) if locked else None
     steps: list[Step] = [BaseStep(spec.base)]
     if spec.system_pkgs:
         steps.append(SystemStep(tuple(spec.system_pkgs)))
@@ -209,7 +255,7 @@ def make_plan(loaded: Loaded) -> Plan:
             env.setdefault(w.env, w.path)
     if env:
         steps.append(EnvStep(tuple(sorted(env.items()))))
-    steps += [_pip_step(i, p) for i, p in enumerate(spec.pip_phases, start=1)]
+    steps += [_pip_step(i, p, lock) for i, p in enumerate(spec.pip_phases, start=1)]
     if spec.shim_files:
         shims = loaded.shim_bytes()
         steps.append(FilesStep(tuple(

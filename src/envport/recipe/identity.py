@@ -73,7 +73,8 @@ def hash_inputs(loaded, site: Any = None) -> dict:
     from envport.plan.steps import make_plan
     from envport.renderers import RENDERER_VERSION
 
-    plan = make_plan(loaded)
+    # A lock that fits the spec makes each phase its locked set, so the lock feeds the hash.
+    plan = make_plan(loaded, locked=site.lock if site is not None else True)
     if site is not None:
         plan = apply_site(plan, site)
     return {"format": HASH_FORMAT, "renderer_version": RENDERER_VERSION, "plan": plan.canonical()}
@@ -95,13 +96,12 @@ def portable(loaded) -> Identity:
 
 def resolve(loaded, site, target: str) -> Resolved:
     """The ONE place an env's identity and rendered plan are decided for a build, verify or run."""
-    from envport.plan.site import apply_site
+    from envport.plan.site import apply_installer, apply_site
     from envport.plan.steps import make_plan
 
     identity = Identity(loaded.spec.name, content_hash(loaded, site), site.name)
-    plan = make_plan(loaded)
-    if target in CONTAINER_TARGETS:
-        plan = apply_site(plan, site)
+    plan = make_plan(loaded, locked=site.lock)
+    plan = apply_site(plan, site) if target in CONTAINER_TARGETS else apply_installer(plan, site)
     return Resolved(identity, plan, target)
 
 

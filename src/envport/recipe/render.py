@@ -26,6 +26,7 @@ IMAGES_DIR = "images"
 # Names inside a build context: the site's CA bundle and the env's wheelhouse.
 CA_CONTEXT_NAME = "ca-bundle.crt"
 WHEELHOUSE_CONTEXT_NAME = "wheelhouse"
+LOCKS_CONTEXT_DIR = "locks"  # each locked phase's requirements, pip-N.txt
 # Files in images/<name>/ that envport owns but `render` does not produce.
 KEPT_FILES = ("ledger.json", "ledger.lock")
 
@@ -70,6 +71,9 @@ def render_plan(plan: Plan, hash_: str, targets: tuple[str, ...] = TARGETS, site
                     files[f.source] = (f.data, int(f.mode, 8))
             elif s.kind == "ca":
                 files[CA_CONTEXT_NAME] = (s.data, 0o644)
+            elif s.kind == "pip" and s.locked:
+                # One file per phase: a phase's COPY (its cache key) moves only with its own lock.
+                files[f"{LOCKS_CONTEXT_DIR}/{s.marker}.txt"] = (s.requirements_text().encode(), 0o644)
     return Rendering(plan.name, dict(sorted(files.items())))
 
 

@@ -30,7 +30,6 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 
 from envport.plan.steps import PipStep, Plan, step_marker
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, Rendering
-from envport.build.wheelhouse import MANIFEST
 from envport.core.files import write_atomic
 
 InvalidFilename = (InvalidSdistFilename, InvalidWheelFilename)
@@ -83,7 +82,7 @@ def _link(src: Path, dest: Path) -> None:
 
 
 def _wheel_files(wheelhouse: Path) -> list[Path]:
-    return sorted(p for p in wheelhouse.iterdir() if p.is_file() and p.name != MANIFEST)
+    return sorted(p for p in wheelhouse.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 def _dry_run_argv(step: PipStep, wheelhouse: Path, python: str, report: Path) -> list[str]:
@@ -148,6 +147,10 @@ def phase_wheels(plan: Plan, wheelhouse: Path, cache_file: Path, progress=None) 
     changed = False
     for step in plan.steps:
         if not (isinstance(step, PipStep) and step.uses_wheelhouse):
+            continue
+        if step.locked:
+            # A locked phase needs exactly its locked files: no resolver is asked.
+            out[step_marker(step)] = sorted(d.file for d in step.locked)
             continue
         key = hashlib.sha256(json.dumps([plan.python, step.pip_args()]).encode()).hexdigest()
         hit = cache.get(key)

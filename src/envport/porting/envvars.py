@@ -1,0 +1,56 @@
+"""Environment variables from a recipe (ENV, %environment, a script's export) -> the spec's `env`.
+
+The spec's env values are literal on every target (the renderers escape `$`),
+so a value that refers to another variable (`$PATH`, `${CUDA_HOME}/lib64`)
+is kept as written and flagged: at run time it would hold the `$` itself.
+Names the spec refuses (a shell's own, envport's own, ones that break the
+build) are dropped and reported with the spec's reason.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from envport.porting.report import DROPPED, REPORTED, Draft
+
+CONTAINER_VENV = "/opt/envport/venv"
+REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def env_value_ok(key: str, value: str) -> str:
+    """Why the spec cannot hold KEY=VALUE, or "" when it can."""
+    from envport.spec import model
+
+    try:
+        model._env_key(key) if model._env_key.__code__.co_argcount == 1 else model._env_key(key, _NoInfo())
+    except ValueError as exc:
+        return f"the spec refuses it: {exc}"
+    if model.CONTROL_RE.search(value):
+        return "the value holds a newline or control character, which no recipe line can carry"
+    return ""
+
+
+class _NoInfo:
+    data: dict = {}
+
+
+def add_env(draft: Draft, key: str, value: str, line: Optional[int], file: Optional[str] = None,
+            rendered: bool = False, construct: str = "") -> None:
+    construct = construct or f"{key}={value}"
+    if key == "VIRTUAL_ENV" and value == CONTAINER_VENV or key == "PATH" and value.startswith(CONTAINER_VENV + "/bin:"):
+        if not rendered:
+            draft.note(line, construct, DROPPED, "envport's own venv activation; every target sets it", file=file)
+        return
+    if key.startswith("ENVPORT_") and rendered:
+        return  # envport's identity: the new spec gets its own
+    why = env_value_ok(key, value)
+    if why:
+        draft.note(line, construct, DROPPED, why, "set it inside a run command or a shim script that needs it",
+                   file=file)
+        return
+    refs = REF.findall(value)
+    if refs:
+        draft.note(line, construct, REPORTED, f"refers to ${refs[0]}: the spec writes env values literally, so the "
+                   f"env would hold the text ${refs[0]}", "write the value out in full", file=file)
+    draft.env[key] = value

@@ -1,0 +1,514 @@
+"""Shell commands (Dockerfile RUN, `.def` %post, install scripts) -> spec fields, words read with `shlex`.
+
+A command line is split at its top-level `&&` and `;`; each simple command
+is then either a package install that maps onto a field (apt -> system_pkgs,
+pip -> one phase per call, `python3.X -m venv` -> python), cleanup envport's
+renderers do themselves (dropped), or a run command, kept in order with its
+source line (consecutive ones from one line stay joined with `&&`).  A line
+with `||`, `&`, a here-document or an `if`/`for`/`while` is kept whole: it
+cannot be split without changing what it does.  Kept text is then looked at
+for what a user must hear about (downloads, branch clones, patched packages,
+bash-only syntax under /bin/sh).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from envport.porting.pip_args import install_phase
+from envport.porting.report import DROPPED, KEPT, REPORTED, Draft, turned_into
+from envport.porting.requirements import PipContext
+
+CONTAINER_VENV = "/opt/envport/venv"
+COMPOUND = {"if", "for", "while", "until", "case", "select", "function", "{", "(", "[["}
+CLEANUP = re.compile(r"^(/var/lib/apt/lists(/\*)?|/var/cache/apt(/\*)?|/var/cache/apt/archives(/\*)?|"
+                     r"(/root|~|\$HOME)/\.cache/pip(/\*)?|/tmp/envport-wheelhouse|/var/cache/(yum|dnf|apk)(/\*)?)/?$")
+APT = {"apt-get", "apt", "aptitude"}
+YUM = {"yum", "dnf", "microdnf"}
+CONDA = {"conda", "mamba", "micromamba"}
+LOCKFILE = {("uv", "sync"), ("poetry", "install"), ("pipenv", "install"), ("pipenv", "sync"), ("pdm", "install"),
+            ("pdm", "sync"), ("conda-lock", "install"), ("conda-lock", ""), ("pip-sync", ""), ("hatch", "env")}
+PYTHON_CMD = re.compile(r"^python(3(\.\d{1,2})?)?$")
+PIP_CMD = re.compile(r"^pip(3(\.\d{1,2})?)?$")
+WEIGHT_FILE = re.compile(r"\.(pt|pth|ckpt|safetensors|bin|h5|onnx|gguf|npz|msgpack|pb|tflite|params)(\?|$)", re.I)
+WEIGHT_HINT = re.compile(r"huggingface\.co|zenodo\.org|/(weights?|models?|checkpoints?)(/|$)|\bhf_hub|"
+                         r"from_pretrained|snapshot_download|hf_hub_download|torch\.hub\.load", re.I)
+BASH_ONLY = [
+    (re.compile(r"\[\[\s"), "`[[ … ]]`"),
+    (re.compile(r"(^|[;&|(\s])source\s"), "`source` (sh has `.`)"),
+    (re.compile(r"[<>]\("), "process substitution `<(…)`"),
+    (re.compile(r"&>"), "`&>` redirection"),
+    (re.compile(r"\$'"), "`$'…'` quoting"),
+    (re.compile(r"(^|[;&|\s])function\s"), "`function` definitions"),
+    (re.compile(r"(^|\s)\w+=\("), "arrays"),
+    (re.compile(r"(^|[;&|\s])(pushd|popd|shopt|declare|typeset)\s"), "bash builtins (pushd/shopt/declare)"),
+    (re.compile(r"(?<![$\\])\{[^{}\s,$]*,[^{}\s$]*\}"), "brace expansion `{a,b}`"),
+]
+SED_PATCH = re.compile(r"\bsed\b[^|;&]*\s-i\b.*(site-packages|dist-packages|/venv/|/lib/python\d|/opt/conda)")
+GIT_CLONE = re.compile(r"\bgit\s+clone\b")
+GIT_PINNED = re.compile(r"\b(checkout|reset\s+--hard|switch\s+--detach|fetch\s+\S+)\s+[0-9a-f]{40}\b")
+DOWNLOAD = re.compile(r"(^|[;&|(\s])(wget|curl)\s")
+DEB_PKG = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+
+
+@dataclass
+class ShellContext:
+    draft: Draft
+    file: str
+    mode: str  # "docker" (each RUN is its own /bin/sh), "def" (%post: one sh), "script" (one bash)
+    open_file: Callable[[str], Optional[tuple[str, str]]] = lambda p: None
+    variables: dict[str, str] = field(default_factory=dict)
+    shell_is_bash: bool = False  # a Dockerfile SHELL or a script's shebang: bash-only syntax ran fine there
+    runtime_env: dict[str, str] = field(default_factory=dict)  # a .def's %environment
+    rendered_step: Optional[str] = None  # the plan step of an envport-rendered recipe being read
+    rendered_title: str = ""  # that step's title (a pip phase's: its first three requirements)
+    rendered: bool = False
+    cwd: str = "/"
+
+    def note(self, line, construct, action, why, fix=""):
+        self.draft.note(line, construct, action, why, fix, file=self.file)
+
+    def pip(self, line) -> PipContext:
+        return PipContext(self.draft, self.file, line, self.open_file, self.variables,
+                          python=self.draft.python or "3.11")
+
+
+def split_top(text: str) -> tuple[list[str], str]:
+    """Top-level `&&`/`;` segments of TEXT, and why TEXT must stay whole ("" when it can be split)."""
+    segments, cur, i, depth, quote = [], [], 0, 0, ""
+    while i < len(text):
+        c = text[i]
+        two = text[i:i + 2]
+        if quote:
+            cur.append(c)
+            if c == "\\" and quote == '"' and i + 1 < len(text):
+                cur.append(text[i + 1])
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c == "\\" and i + 1 < len(text):
+            cur += [c, text[i + 1]]
+            i += 1
+        elif c in "'\"`":
+            quote = c
+            cur.append(c)
+        elif c == "(" or two == "$(":
+            depth += 1
+            cur.append(c)
+        elif c == ")":
+            depth = max(0, depth - 1)
+            cur.append(c)
+        elif depth == 0 and two == "&&":
+            segments.append("".join(cur))
+            cur = []
+            i += 1
+        elif depth == 0 and two == "||":
+            return [text], "`||`"
+        elif depth == 0 and c == "&" and text[i - 1:i] not in (">", "<") and two not in ("&>",):
+            return [text], "a background `&`"
+        elif depth == 0 and two == "<<":
+            return [text], "a here-document"
+        elif depth == 0 and c in ";\n":
+            segments.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    if quote:
+        return [text], "unbalanced quotes"
+    segments.append("".join(cur))
+    segments = [s.strip() for s in segments if s.strip()]
+    for s in segments:
+        first = s.split(None, 1)[0] if s.split() else ""
+        if first in COMPOUND or re.match(r"^[A-Za-z_][A-Za-z0-9_]*\(\)", s):
+            return [text.strip()], f"`{first}`"
+    return segments, ""
+
+
+def handle(text: str, line: Optional[int], ctx: ShellContext) -> None:
+    """Map one command line (a RUN's value, a %post or script line) onto the draft."""
+    if ctx.rendered and ctx.rendered_step == "run":
+        try:
+            noise = _rendered_noise(shlex.split(text), "run", ctx)
+        except ValueError:
+            noise = False
+        if not noise:
+            ctx.draft.add_run(text, line, ctx.file)
+        return
+    segments, whole = split_top(text)
+    if whole:
+        _keep(text.strip(), line, ctx, whole_because=whole)
+        return
+    pending: list[str] = []
+    exports: list[str] = []
+    for seg in segments:
+        outcome = _classify(seg, line, ctx)
+        if outcome == "keep":
+            pending.append(seg)
+        elif outcome == "export":
+            exports.append(seg)
+            pending.append(seg)
+        else:
+            _flush(pending, line, ctx)
+            pending = []
+    if exports and ctx.mode == "docker":
+        tail = pending and pending[-1] in exports and all(p in exports for p in pending)
+        for e in exports:
+            ctx.note(line, f"RUN {e}", DROPPED if tail else KEPT,
+                     "an export in a RUN line has no effect in later layers (each RUN is a new shell)",
+                     "if the env needs it at run time, add it to `env`")
+        if tail:
+            pending = []
+    _flush(pending, line, ctx)
+
+
+def _flush(pending: list[str], line: Optional[int], ctx: ShellContext) -> None:
+    if pending:
+        _keep(" && ".join(pending), line, ctx)
+
+
+def _keep(text: str, line: Optional[int], ctx: ShellContext, whole_because: str = "") -> None:
+    """A run command, with what the user must hear about it."""
+    if not text:
+        return
+    if DOWNLOAD.search(text) or re.search(r"\b(huggingface-cli|hf)\s+download\b", text):
+        weighty = WEIGHT_FILE.search(text) or WEIGHT_HINT.search(text)
+        if weighty:
+            ctx.note(line, text, KEPT, "downloads model weights during the build (the image would carry them)",
+                     "move it to a weight_dirs entry's `source` and fetch at run time (see the suggestion in "
+                     "the spec)")
+            _suggest_weights(text, ctx)
+        else:
+            ctx.note(line, text, KEPT, "downloads during the build: what it fetches can change under the same spec",
+                     "check a sha256 after the download")
+    if GIT_CLONE.search(text) and not GIT_PINNED.search(text):
+        m = re.search(r"(-b|--branch)[ =](\S+)", text)
+        ref = f"branch {m.group(2)!r}" if m else "the default branch"
+        ctx.note(line, text, KEPT, f"clones {ref}: the build changes when it moves",
+                 "check out a full commit sha, or install it as `name @ git+https://…@<sha>`")
+    if SED_PATCH.search(text):
+        ctx.note(line, text, KEPT, "patches an installed package in place; a later phase that reinstalls it "
+                 "undoes the patch", "keep it after the last pip phase that touches that package, or ship a "
+                 "fixed wheel")
+    if re.search(r"\b(pip3?|-m pip)\s+uninstall\b", text):
+        ctx.note(line, text, KEPT, "pip uninstall: envport's phases only install, and this runs after all of them",
+                 "prefer not installing it: no_deps on the phase that pulls it in")
+    bashisms = [what for rx, what in BASH_ONLY if rx.search(text)]
+    if bashisms and ctx.shell_is_bash:
+        ctx.note(line, text, turned_into("`bash -c …` in run_commands"),
+                 f"uses {bashisms[0]}, which this recipe ran under bash; envport runs run_commands with /bin/sh "
+                 "in Docker and Apptainer", "rewrite it for POSIX sh, or keep the bash -c wrapper")
+        text = "bash -c " + shlex.quote(text)
+    elif bashisms:
+        ctx.note(line, text, KEPT, f"uses {bashisms[0]}, which /bin/sh (dash on Debian) does not understand",
+                 "rewrite it for POSIX sh, or wrap it: bash -c '…'")
+    if whole_because and not (ctx.rendered and ctx.rendered_step == "run"):
+        if _installs(text):
+            ctx.note(line, text, KEPT, f"a package install inside {whole_because}: envport keeps the line whole "
+                     "(splitting it would change what it does), so it is not a pip phase",
+                     "move the install out into its own line")
+    ctx.draft.add_run(text, line, ctx.file)
+
+
+def _installs(text: str) -> bool:
+    return bool(re.search(r"\b(pip3?(\.\d+)?|-m pip|apt-get|apt|conda|mamba|yum|apk)\s+(install|add)\b", text))
+
+
+def _suggest_weights(text: str, ctx: ShellContext) -> None:
+    out = re.search(r"(-O|-o|--output|-P|--directory-prefix|--local-dir|--cache-dir)[ =](\S+)", text)
+    target = out.group(2).strip("'\"") if out else ""
+    if target and out.group(1) in ("-O", "-o", "--output"):
+        target = posixpath.dirname(target)
+    if target and not target.startswith("/"):
+        target = posixpath.normpath(posixpath.join(ctx.cwd, target))
+    url = re.search(r"(https?://\S+)", text)
+    repo = re.search(r"download\s+([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)", text)
+    stem = (repo.group(1).split("/")[-1] if repo else
+            (url.group(1).rstrip("/").rsplit("/", 1)[-1].split("?")[0] if url else "weights"))
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower().split(".")[0]).strip("-")[:40] or "weights"
+    path = target if target and target != "/" else f"/weights/{name}"
+    ctx.draft.suggested_weights.append((name, {"path": path, "source": text}))
+
+
+def _strip_prefix(words: list[str], line, ctx: ShellContext) -> list[str]:
+    while words:
+        if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) and len(words) > 1:
+            if not words[0].startswith("DEBIAN_FRONTEND="):
+                ctx.variables = dict(ctx.variables)
+            words = words[1:]
+        elif words[0] in ("sudo", "command", "exec", "nice", "time"):
+            words = words[1:]
+            while words and words[0].startswith("-") and words[0] != "-":
+                words = words[1:]
+        else:
+            break
+    return words
+
+
+def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
+    """'keep', 'export' (an export: kept unless nothing follows it), or 'done' (mapped or dropped)."""
+    try:
+        words = shlex.split(seg)
+    except ValueError:
+        ctx.note(line, seg, KEPT, "unbalanced quotes: shlex cannot split it into words")
+        return "keep"
+    words = _strip_prefix(words, line, ctx)
+    if not words:
+        return "done"
+    cmd = posixpath.basename(words[0])
+    step = ctx.rendered_step if ctx.rendered else None
+    if ctx.rendered and _rendered_noise(words, step, ctx):
+        return "done"
+    if cmd in APT:
+        return _apt(words, seg, line, ctx)
+    if cmd in YUM or cmd == "apk":
+        return _other_pkg(cmd, words, seg, line, ctx)
+    if cmd == "rm" and len(words) > 1 and all(w.startswith("-") or CLEANUP.match(w) for w in words[1:]):
+        return "done"
+    if cmd == "set" and all(w.startswith(("-", "+")) or w in ("pipefail", "errexit", "nounset", "xtrace")
+                            for w in words[1:]):
+        return "done"
+    pip = _pip_words(words, line, ctx)
+    if pip is not None:
+        return _pip(pip, words, seg, line, ctx)
+    if _venv(words, seg, line, ctx):
+        return "done"
+    if cmd in CONDA:
+        return _conda(words, seg, line, ctx)
+    sub = words[1] if len(words) > 1 else ""
+    if (cmd, sub) in LOCKFILE or (cmd, "") in LOCKFILE or (cmd == "uv" and words[1:3] == ["pip", "sync"]):
+        ctx.note(line, seg, KEPT, "installs from a lockfile, which envport cannot read into pip phases",
+                 "export the lock to pinned requirements (`uv export`, `poetry export`) and import those")
+        return "keep"
+    if cmd in ("source", ".") and len(words) > 1 and re.search(r"activate$", words[1]):
+        ctx.note(line, seg, DROPPED, "envport's venv is active in every step", "")
+        return "done"
+    if cmd == "export":
+        return _export(words, seg, line, ctx)
+    if cmd in ("huggingface-cli", "hf") and sub == "download":
+        ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
+                 "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
+        _suggest_weights(seg, ctx)
+        return "done"
+    if cmd in ("wget", "curl") and (WEIGHT_FILE.search(seg) or WEIGHT_HINT.search(seg)):
+        ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
+                 "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
+        _suggest_weights(seg, ctx)
+        return "done"
+    if cmd == "cd" and len(words) == 2 and words[1].startswith("/"):
+        ctx.cwd = words[1]
+    return "keep"
+
+
+def _rendered_noise(words: list[str], step: Optional[str], ctx: ShellContext) -> bool:
+    """Lines envport's own renderers write around each step: nothing the spec holds."""
+    if words[0] == "echo" and len(words) == 2 and words[1].startswith("envport: step "):
+        return True
+    if words[0] == ":" and words[1:3] == ["base", "image"]:
+        return True
+    if step == "files" and words[0] == "chmod":
+        return True
+    if step == "weights" and words[:2] == ["mkdir", "-p"]:
+        for path in words[2:]:
+            name = re.sub(r"[^a-z0-9-]+", "-", posixpath.basename(path).lower()).strip("-") or "weights"
+            while name in ctx.draft.weight_dirs:
+                name += "-2"
+            ctx.draft.weight_dirs[name] = {"path": path}
+        return True
+    return False
+
+
+def _apt(words, seg, line, ctx) -> str:
+    sub = next((w for w in words[1:] if not w.startswith("-")), "")
+    if sub in ("update", "clean", "autoclean", "autoremove"):
+        return "done"
+    if sub in ("upgrade", "dist-upgrade", "full-upgrade"):
+        ctx.note(line, seg, KEPT, "upgrades the base image's packages: the env changes as the mirror does",
+                 "use a newer base image instead")
+        return "keep"
+    if sub != "install":
+        return "keep"
+    pkgs, bad, i, args = [], [], 1, words[1:]
+    skip = False
+    for j, w in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if w in ("-t", "--target-release", "-o", "--option"):
+            ctx.note(line, f"{w} {args[j + 1] if j + 1 < len(args) else ''}", DROPPED,
+                     "apt options other than -y/--no-install-recommends have no spec field")
+            skip = True
+            continue
+        if w.startswith("-") or w == "install":
+            continue
+        (pkgs if DEB_PKG.match(w) else bad).append(w)
+    ctx.draft.add_system(pkgs)
+    if bad:
+        ctx.note(line, " ".join(bad), KEPT, "not Debian package names the spec accepts (a variable, glob or "
+                 "file?)", "write the package names into system_pkgs")
+        ctx.draft.add_run("apt-get install -y " + " ".join(shlex.quote(b) for b in bad), line, ctx.file)
+    return "done"
+
+
+def _other_pkg(cmd, words, seg, line, ctx) -> str:
+    sub = next((w for w in words[1:] if not w.startswith("-")), "")
+    if (cmd == "apk" and sub in ("update",)) or sub in ("clean", "makecache"):
+        return "done"
+    if not ((cmd == "apk" and sub == "add") or (cmd != "apk" and sub == "install")):
+        return "keep"
+    pkgs = [w for w in words[1:] if not w.startswith("-") and w != sub]
+    good = [p for p in pkgs if DEB_PKG.match(p)]
+    ctx.draft.add_system(good)
+    ctx.note(line, seg, turned_into("system_pkgs"), f"{cmd} package names are that distribution's; envport installs "
+             "system_pkgs with apt-get on a Debian/Ubuntu base", "check each name against Debian's "
+             "(e.g. gcc-c++ -> g++, python3-devel -> python3-dev)")
+    return "done"
+
+
+def _pip_words(words: list[str], line, ctx: ShellContext) -> Optional[list[str]]:
+    """The words after `pip` when WORDS runs pip (pip, pip3.X, pythonX -m pip, uv pip), else None."""
+    cmd = posixpath.basename(words[0])
+    if PIP_CMD.match(cmd):
+        m = re.match(r"^pip(3\.\d+)$", cmd)
+        if m:
+            ctx.draft.set_python(m.group(1), f"`{cmd}`", line, ctx.file)
+        return words[1:]
+    if PYTHON_CMD.match(cmd) and words[1:3] == ["-m", "pip"]:
+        if re.match(r"^python3\.\d+$", cmd):
+            ctx.draft.set_python(cmd[6:], f"`{cmd} -m pip`", line, ctx.file)
+        return words[3:]
+    if cmd == "uv" and words[1:2] == ["pip"] and words[2:3] != ["sync"]:
+        return words[2:]
+    return None
+
+
+def _pip(rest: list[str], words, seg, line, ctx: ShellContext) -> str:
+    opts = []
+    while rest and rest[0].startswith("-"):
+        opts.append(rest[0])
+        rest = rest[1:]
+    sub = rest[0] if rest else ""
+    if sub == "install":
+        if posixpath.basename(words[0]) == "uv":
+            ctx.note(line, seg, turned_into("a pip phase"), "uv's resolver may choose other versions than pip's "
+                     "for unpinned requirements", "pin them")
+        args = opts + rest[1:]
+        if ctx.rendered and "--require-hashes" in args:
+            args = _locked_phase(args, line, ctx)
+        phase = install_phase(args, ctx.pip(line))
+        if phase:
+            ctx.draft.add_phase(phase)
+        return "done"
+    if sub == "cache":
+        return "done"
+    return "keep"
+
+
+def _locked_phase(args: list[str], line, ctx: ShellContext) -> list[str]:
+    """A phase envport rendered from its lock: the spec's requirements are in the step title."""
+    title = ctx.rendered_title.split(": ", 1)[-1]
+    if title.endswith(" ...") or ": " not in ctx.rendered_title:
+        ctx.note(line, "pip install --require-hashes -r …", REPORTED, "a phase envport installed from its lock, "
+                 "with more requirements than its step comment names: the phase holds the lock's pins",
+                 "replace them with the phase's own requirements, then `envport lock NAME`")
+        return args
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-r", "--requirement"):
+            skip = True
+        elif a not in ("--require-hashes", "--no-deps"):
+            out.append(a)
+    ctx.note(line, f"pip phase: {title}", REPORTED, "installed from envport's lock (--no-deps --require-hashes); "
+             "the requirements come from the step comment, and the lock's no_deps/pre are not in the recipe",
+             "`envport lock NAME` writes specs/NAME.lock again")
+    return out + title.split(", ")
+
+
+def _venv(words, seg, line, ctx: ShellContext) -> bool:
+    cmd = posixpath.basename(words[0])
+    path = None
+    if PYTHON_CMD.match(cmd) and words[1:3] == ["-m", "venv"]:
+        path = next((w for w in words[3:] if not w.startswith("-")), None)
+        if re.match(r"^python3\.\d+$", cmd):
+            ctx.draft.set_python(cmd[6:], f"`{cmd} -m venv`", line, ctx.file)
+    elif cmd == "virtualenv" or (PYTHON_CMD.match(cmd) and words[1:3] == ["-m", "virtualenv"]):
+        args = words[1:] if cmd == "virtualenv" else words[3:]
+        py = next((a.split("=", 1)[-1] for a in args if a.startswith(("-p", "--python"))), "")
+        m = re.search(r"3\.\d+", py + " " + " ".join(args))
+        if m:
+            ctx.draft.set_python(m.group(0), f"`{seg}`", line, ctx.file)
+        path = next((a for a in args if not a.startswith("-") and not re.match(r"^python", a)), None)
+    else:
+        return False
+    if path != CONTAINER_VENV:
+        ctx.note(line, seg, DROPPED, f"envport makes the env's venv itself at {CONTAINER_VENV} and every pip "
+                 "phase installs there", f"paths that named {path} now live under {CONTAINER_VENV}")
+    return True
+
+
+def _conda(words, seg, line, ctx: ShellContext) -> str:
+    from envport.porting.conda import conda_packages
+
+    sub = words[1] if len(words) > 1 else ""
+    if sub == "env" and len(words) > 2 and words[2] in ("create", "update"):
+        spec = next((words[i + 1] for i, w in enumerate(words) if w in ("-f", "--file") and i + 1 < len(words)), "")
+        found = ctx.open_file(spec) if spec else None
+        if found:
+            from envport.porting.conda import read_environment
+            ctx.note(line, seg, turned_into("fields"), f"read {found[1]} (conda itself is not run: see its lines)")
+            read_environment(found[0], found[1], ctx.draft, ctx.open_file)
+        else:
+            ctx.note(line, seg, DROPPED, "a conda environment file that is not in the build context",
+                     "import the environment.yml itself")
+        return "done"
+    if sub in ("create", "install"):
+        pkgs, skip = [], False
+        for i, w in enumerate(words[2:]):
+            if skip:
+                skip = False
+            elif w in ("-n", "--name", "-p", "--prefix", "-c", "--channel", "--file"):
+                skip = True
+            elif not w.startswith("-"):
+                pkgs.append(w)
+        if sub == "install" and ctx.draft.phases:
+            ctx.note(line, seg, REPORTED, "a conda install after pip phases: conda may replace what pip installed, "
+                     "so the order changes what is installed", "install conda packages before any pip call")
+        conda_packages(pkgs, ctx.draft, ctx.file, line)
+        return "done"
+    if sub in ("activate", "deactivate", "init", "clean", "config"):
+        ctx.note(line, seg, DROPPED, "envport has no conda in containers; its venv is active in every step")
+        return "done"
+    ctx.note(line, seg, KEPT, "a conda command envport cannot map")
+    return "keep"
+
+
+def _export(words, seg, line, ctx: ShellContext) -> str:
+    from envport.porting.envvars import add_env
+
+    pairs = [w.partition("=") for w in words[1:] if "=" in w]
+    if not pairs or len(pairs) != len(words) - 1:
+        return "keep"
+    if all(k == "DEBIAN_FRONTEND" for k, _, _ in pairs):
+        return "done"  # envport's apt step sets it itself
+    if ctx.mode == "def":
+        if all(ctx.runtime_env.get(k) == v for k, _, v in pairs):
+            return "done"  # the same value %environment sets at run time: the spec's env has it
+        ctx.note(line, seg, KEPT, "an export in %post lasts only for the build, and %environment does not set it",
+                 "if the env needs it at run time, add it to `env`")
+        return "keep"
+    if ctx.mode == "docker":
+        return "export"
+    for k, _, v in pairs:
+        before = dict(ctx.draft.env)
+        add_env(ctx.draft, k, v, line, ctx.file, construct=f"export {k}={v}")
+        if ctx.draft.env != before:
+            ctx.variables[k] = v
+            ctx.draft.note(line, f"export {k}={v}", turned_into(f"env.{k}"), "a script's export; the spec's env "
+                           "is also set when the env runs, not only while it is built", file=ctx.file)
+    return "done"

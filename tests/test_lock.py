@@ -1,0 +1,198 @@
+"""specs/<name>.lock: the file, `envport lock` on tiny local wheels (no network), `--check`, and every
+way a lock can be wrong (stale, another python or platform, a swapped wheel).
+
+The wheels are made here (a wheel is a zip with METADATA, WHEEL and RECORD) and served from a
+find-links dir with a file:// index of their own, so the real resolver (pip in a scratch venv with
+the spec's python) runs without any network.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from envport.build.lock import check_spec, hash_mismatches, lock_spec, normalize_freeze
+from envport.build.wheelhouse import ensure_wheelhouse
+from envport.core.verdict import Verdict
+from envport.plan.lock import (LockError, lock_path, load_for, parse, problems, stale, this_platform,
+                               write_text)
+from envport.plan.site import Site
+from envport.plan.steps import PipStep, make_plan
+from envport.recipe.identity import content_hash
+from envport.spec.loader import load_spec
+from tests.support import run_envport, write_spec
+
+PY = "%d.%d" % sys.version_info[:2]
+
+
+def make_wheel(dest: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A pure-python wheel NAME-VERSION that installs FILES ({path in site-packages: text})."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envport-test\nRoot-Is-Purelib: true\n"
+                                       "Tag: py3-none-any\n"}
+    entries = {**files, **meta}
+    record = []
+    for path, text in entries.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel = dest / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in entries.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+def local_phase(root: Path, *packages: str) -> dict:
+    """A phase served only by ROOT/wheels (its own empty file:// index stands in for PyPI)."""
+    (root / "simple").mkdir(exist_ok=True)
+    return {"packages": list(packages), "index_url": f"file://{root}/simple", "find_links": [str(root / "wheels")]}
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A project with one spec of two phases of local wheels: a (pulls b) then c."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "sites").mkdir()
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "envport-ta", "1.0", {"envport_ta/__init__.py": "A = 1\n"})
+    make_wheel(wheels, "envport-tb", "2.0", {"envport_tb/__init__.py": "B = 2\n"})
+    make_wheel(wheels, "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 3\n"})
+    write_spec(tmp_path, "tiny", python=PY,
+               pip_phases=[local_phase(tmp_path, "envport-ta==1.0", "envport-tb==2.0"),
+                           local_phase(tmp_path, "envport-tc==3.0")])
+    return tmp_path
+
+
+def _lock(root: Path, name: str = "tiny"):
+    loaded = load_spec(name, root)
+    result = lock_spec(loaded, Site(name="t"), root, lambda _: None)
+    assert result.verdict is Verdict.OK, (result.detail, result.lines)
+    return load_spec(name, root)
+
+
+def test_lock_records_each_phase_and_round_trips_byte_for_byte(tiny):
+    loaded = _lock(tiny)
+    path = lock_path(loaded)
+    text = path.read_text()
+    lock = load_for(loaded)
+    assert [p.index for p in lock.phases] == [1, 2]
+    assert [d.name for d in lock.phases[0].dists] == ["envport-ta", "envport-tb"]
+    assert [d.name for d in lock.phases[1].dists] == ["envport-tc"]
+    wheel = tiny / "wheels" / lock.phases[1].dists[0].file
+    assert lock.phases[1].dists[0].sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert lock.python == PY and lock.platform == this_platform()
+    # No index URL and no local path: where files come from is the site's.
+    assert "file://" not in text and str(tiny) not in text
+    assert write_text(lock, "specs/tiny.yaml") == text
+    # Locking again over the same resolution writes nothing new.
+    again = lock_spec(loaded, Site(name="t"), tiny, lambda _: None)
+    assert again.verdict is Verdict.OK and again.data["changed"] is False
+    assert lock.freeze() == ["envport-ta==1.0", "envport-tb==2.0", "envport-tc==3.0"]
+
+
+def test_the_lock_shapes_the_plan_and_feeds_the_hash(tiny):
+    before = content_hash(load_spec("tiny", tiny))
+    loaded = _lock(tiny)
+    steps = [s for s in make_plan(loaded).steps if isinstance(s, PipStep)]
+    assert [len(s.locked) for s in steps] == [2, 1]
+    assert steps[0].pip_args()[-4:] == ["--no-deps", "--require-hashes", "-r", "/opt/envport/locks/pip-1.txt"]
+    assert "envport-tc==3.0 --hash=sha256:" in steps[1].requirements_text()
+    assert content_hash(loaded) != before
+    unlocked = [s for s in make_plan(loaded, locked=False).steps if isinstance(s, PipStep)]
+    assert all(not s.locked for s in unlocked)
+    assert content_hash(loaded, Site(name="t", lock=False)) != content_hash(loaded, Site(name="t"))
+
+
+def test_an_edited_phase_is_stale_for_check_render_check_and_build(tiny):
+    _lock(tiny)
+    assert run_envport("lock", "--check", "tiny", root=tiny).returncode == 0
+    spec = tiny / "specs" / "tiny.yaml"
+    spec.write_text(spec.read_text().replace("envport-tc==3.0", "envport-tc==3.1"))
+    loaded = load_spec("tiny", tiny)
+    assert stale(loaded).reason == "lock_stale"
+    result = check_spec(loaded)
+    assert result.verdict is Verdict.FAILED and result.reason == "lock_stale"
+    assert "phase 2 was ['envport-tc==3.0'] and is now ['envport-tc==3.1']" in result.detail
+    # A stale lock never shapes the plan.
+    assert all(not s.locked for s in make_plan(loaded).steps if isinstance(s, PipStep))
+
+    check = run_envport("lock", "--check", "tiny", root=tiny)
+    assert check.returncode == 1 and "lock_stale" in check.stdout, check.stdout + check.stderr
+    run_envport("render", "tiny", root=tiny, check=True)
+    render = run_envport("render", "--check", "tiny", root=tiny)
+    assert render.returncode == 1 and "tiny.lock [lock_stale]" in render.stderr, render.stdout + render.stderr
+    build = run_envport("build", "tiny", "--target", "venv", root=tiny, timeout=120)
+    assert build.returncode == 3, build.stdout + build.stderr
+    assert "REFUSED" in build.stdout and "lock_stale" in build.stdout and "envport lock tiny" in build.stdout
+
+
+def test_a_lock_for_another_python_or_platform_is_refused(tiny):
+    loaded = _lock(tiny)
+    path = lock_path(loaded)
+    text = path.read_text()
+    path.write_text(text.replace(f'platform = "{this_platform()}"', 'platform = "macosx-14.0-arm64"'))
+    found = problems(load_for(loaded), loaded)
+    assert [p.reason for p in found] == ["lock_platform"] and "envport lock tiny" in found[0].message
+    build = run_envport("build", "tiny", "--target", "venv", root=tiny, timeout=120)
+    assert build.returncode == 3 and "lock_platform" in build.stdout, build.stdout + build.stderr
+
+    path.write_text(text.replace(f'python = "{PY}"', 'python = "3.9"'))
+    found = problems(load_for(loaded), loaded)
+    assert [p.reason for p in found] == ["lock_python"]
+    build = run_envport("build", "tiny", "--target", "venv", root=tiny, timeout=120)
+    assert build.returncode == 3 and "lock_python" in build.stdout, build.stdout + build.stderr
+
+
+def test_a_malformed_lock_names_the_file_and_field(tmp_path):
+    path = tmp_path / "x.lock"
+    with pytest.raises(LockError, match=r"x.lock: phase\[1\]\.dists\[1\]\.sha256: expected 64 lowercase hex"):
+        parse('format = 1\nenv = "x"\npython = "3.11"\nplatform = "p"\ninputs = "i"\n'
+              '[[phase]]\nindex = 1\npackages = ["a==1"]\n[[phase.dists]]\nname = "a"\nversion = "1"\n'
+              'file = "a-1-py3-none-any.whl"\nsha256 = "zz"\n', path)
+    with pytest.raises(LockError, match="format: expected 1"):
+        parse('format = 7\n', path)
+
+
+def test_a_swapped_wheel_in_the_wheelhouse_fails_naming_it_with_both_digests(tiny):
+    loaded = _lock(tiny)
+    site = Site(name="t", wheelhouse=True, wheelhouse_dir="wh")
+    first = ensure_wheelhouse(loaded, site, tiny, lambda _: None)
+    assert first.verdict is Verdict.OK, (first.detail, first.lines)
+    dest = tiny / "wh" / "tiny"
+    lock = load_for(loaded)
+    assert sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) == sorted(lock.files())
+    assert ensure_wheelhouse(loaded, site, tiny, lambda _: None).verdict is Verdict.PRESENT
+
+    victim = lock.phases[1].dists[0]
+    impostor = make_wheel(tiny / "other", "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 'not three'\n"})
+    (dest / victim.file).write_bytes(impostor.read_bytes())
+    swapped = ensure_wheelhouse(loaded, site, tiny, lambda _: None)
+    assert swapped.verdict is Verdict.FAILED and swapped.reason == "hash_mismatch"
+    got = hashlib.sha256(impostor.read_bytes()).hexdigest()
+    assert swapped.lines == [f"{dest / victim.file}: sha256 {got}, the lock says {victim.sha256}"]
+
+
+def test_installer_output_names_the_file_and_both_digests():
+    want, got = "a" * 64, "b" * 64
+    pip = ["ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.",
+           "    six==1.16.0 from file:///wh/six-1.16.0-py2.py3-none-any.whl:",
+           f"        Expected sha256 {want}", f"             Got        {got}"]
+    assert hash_mismatches(pip) == [f"six-1.16.0-py2.py3-none-any.whl: sha256 {got}, the lock says {want}"]
+    uv = ["error: Failed to read `six==1.16.0`", "  Caused by: Hash mismatch for `six==1.16.0`", "",
+          "Expected:", f"  sha256:{want}", "", "Computed:", f"  sha256:{got}"]
+    assert hash_mismatches(uv) == [f"six==1.16.0: sha256 {got}, the lock says {want}"]
+    assert hash_mismatches(["ERROR: No matching distribution found for six==9"]) == []
+
+
+def test_freeze_comparison_ignores_case_separators_and_the_venv_seed():
+    assert normalize_freeze(["Typing_Extensions==4.1", "pip==23.2", "six==1.16.0"]) == \
+        ["six==1.16.0", "typing-extensions==4.1"]
