@@ -1,7 +1,9 @@
 """`envport build --target docker` against the real engine (tests/services.py fixtures).
 
 demo-cpu is built for real once per session (tests/fixtures.py `demo_image`); the
-faults use tiny specs (six only, no torch) so each builds in seconds.
+faults use tiny specs (six only, no torch) so each builds in seconds. The docker
+marker comes from the fixtures (tests/conftest.py): the log-parsing units and the
+unreachable-engine fault need no engine.
 """
 
 from __future__ import annotations
@@ -19,9 +21,6 @@ from envport.engines import docker as docker_engine
 from envport.build.docker.log import BuildkitLog, instruction_steps
 
 from .support import as_json, run_envport, tags_of, unique, write_site, write_spec
-
-pytestmark = pytest.mark.docker
-
 
 # --- demo-cpu: a real build, then `present` ------------------------------------
 
@@ -49,8 +48,8 @@ def test_demo_cpu_builds_from_the_wheelhouse(demo_image, docker_client):
     wheels = docker_client.containers.run(image.id, ["sh", "-c", "find / -xdev -name 'torch-*.whl' 2>/dev/null"],
                                           remove=True, network_mode="host")
     assert wheels.decode().split() == []
-    ledger = json.loads((demo_image.root / "images" / "demo-cpu" / "ledger.json").read_text())
-    build_recs = [r for r in ledger["records"] if r["kind"] == "build" and r["target"] == "docker"]
+    from envport.report import ledger
+    build_recs = [r for r in ledger.read(demo_image.root, "demo-cpu") if r["kind"] == "build" and r["target"] == "docker"]
     assert build_recs[-1]["image_id"] == image.id and build_recs[-1]["verdict"] == "OK"
     assert build_recs[-1]["size"] == image.attrs["Size"]
     assert build_recs[-1]["weights"] == {"tiny": "/weights/tiny"}
@@ -58,8 +57,8 @@ def test_demo_cpu_builds_from_the_wheelhouse(demo_image, docker_client):
 
 def test_second_build_is_present_without_an_engine_build(demo_image, docker_client):
     before = docker_client.images.get(demo_image.tag).id
-    ledger = demo_image.root / "images" / "demo-cpu" / "ledger.json"
-    n_records = len(json.loads(ledger.read_text())["records"])
+    from envport.report import ledger
+    n_records = len(ledger.read(demo_image.root, "demo-cpu"))
     proc = run_envport("build", "demo-cpu", "--target", "docker", "--json", root=demo_image.root)
     out = as_json(proc)
     assert proc.returncode == 0, proc.stderr
@@ -68,7 +67,7 @@ def test_second_build_is_present_without_an_engine_build(demo_image, docker_clie
     assert out["steps"][0]["step"] == f"image {demo_image.tag}"
     assert "building" not in proc.stderr and "[docker] step" not in proc.stderr
     assert docker_client.images.get(demo_image.tag).id == before
-    assert len(json.loads(ledger.read_text())["records"]) == n_records  # a no-op records nothing
+    assert len(ledger.read(demo_image.root, "demo-cpu")) == n_records  # a no-op records nothing
     plain = run_envport("build", "demo-cpu", "--target", "docker", root=demo_image.root)
     assert plain.stdout.startswith("present "), plain.stdout
 
@@ -142,6 +141,14 @@ def _wait_for(proc: subprocess.Popen, needle: str, limit: float) -> list[str]:
     raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_killed_build_leaves_no_tag_and_a_rerun_completes(docker_client, base_image, project, throwaway_images):
     name = "tiny-killed"
     throwaway_images.append(name)
@@ -157,7 +164,12 @@ def test_killed_build_leaves_no_tag_and_a_rerun_completes(docker_client, base_im
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(1)
+    # The build's docker client was in the killed group too: wait (bounded) until the whole group is
+    # gone, so the engine has lost its build session before the tags are read.
+    deadline = time.monotonic() + 30
+    while _group_alive(proc.pid):
+        assert time.monotonic() < deadline, f"process group {proc.pid} outlived SIGKILL by 30s"
+        time.sleep(0.1)
     assert tags_of(docker_client, name) == [], "a killed build must leave no tag"
 
     rerun = run_envport("build", name, "--target", "docker", "--json", root=project)

@@ -58,7 +58,8 @@ def test_differences_name_what_differs_and_ignore_skipped_targets(session_projec
 @pytest.mark.docker
 def test_parity_passes_across_docker_local_venv_and_venv_over_ssh(demo_image, local_venv, ssh_venv,
                                                                    session_project):
-    proc = run_envport("parity", ENV_NAME, "--json", root=session_project, env=cli_env(), timeout=900)
+    proc = run_envport("parity", ENV_NAME, "--json", root=session_project,
+                       env=cli_env(ENVPORT_SSH_ENVS_DIR=ssh_venv.envs_dir), timeout=900)
     out = json.loads(proc.stdout) if proc.stdout.startswith("{") else None
     assert proc.returncode == 0 and out, fail_with(proc, "envport parity")
     compared = {t["target"]: t for t in out["targets"] if not t["skipped"]}
@@ -83,9 +84,16 @@ def test_an_injected_package_is_named_and_fails(demo_image, local_venv, ssh_venv
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr
     try:
-        proc = run_envport("parity", ENV_NAME, "--no-ledger", root=session_project, env=cli_env(), timeout=900)
+        proc = run_envport("parity", ENV_NAME, "--no-ledger", root=session_project,
+                           env=cli_env(ENVPORT_SSH_ENVS_DIR=ssh_venv.envs_dir), timeout=900)
     finally:
-        subprocess.run(ssh_host.argv(f"{pip} uninstall -q -y {name}"), capture_output=True, timeout=300)
+        # The shared env must be as it was for the tests after this one: a failed uninstall fails here.
+        removed = subprocess.run(ssh_host.argv(f"{pip} uninstall -q -y {name}"), capture_output=True, text=True,
+                                 timeout=300)
+    assert removed.returncode == 0, f"could not uninstall {name} from {ssh_venv.prefix}: {removed.stderr}"
+    still = subprocess.run(ssh_host.argv(f"{ssh_venv.prefix}/bin/python -m pip show -q {name}"),
+                           capture_output=True, text=True, timeout=120)
+    assert still.returncode != 0, f"{name} is still installed in {ssh_venv.prefix}"
     assert proc.returncode == 1, fail_with(proc, "parity with an injected package")
     assert f"DIFF     package {name}: docker -, venv -, venv@test {version}" in proc.stdout, proc.stdout
     assert f"FAILED parity {ENV_NAME}: 1 difference(s): package {name}" in proc.stdout
