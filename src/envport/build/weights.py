@@ -64,6 +64,16 @@ def mounts(spec: Spec, root: Path) -> list[tuple[str, str]]:
     return [(str(host_dir(root, spec.name, n)), w.path) for n, w in sorted(spec.weight_dirs.items())]
 
 
+def existing_mounts(spec: Spec, root: Path) -> list[tuple[str, str]]:
+    """mounts() whose host folder exists: docker would otherwise create an empty one, as root."""
+    return [(h, p) for h, p in mounts(spec, root) if Path(h).is_dir()]
+
+
+def remote_env(spec: Spec) -> dict[str, str]:
+    """Each weight's variable on an SSH host, as a path under that host's weights root (where `stage` copies)."""
+    return {w.env: f"{spec.name}/{n}" for n, w in sorted(spec.weight_dirs.items()) if w.env}
+
+
 def secrets_of(spec: Spec, environ: Mapping[str, str]) -> list[str]:
     """The values of gated weights' tokens in `environ`: never to be printed or recorded."""
     return [environ[w.auth_hint] for w in spec.weight_dirs.values()

@@ -110,6 +110,7 @@ def _print_step(r: StepResult, out) -> None:
 
 def _launcher(args, loaded, identity, opts):
     """The launcher for --target/--host, and the facts the ledger records about where it ran."""
+    from envport.build import weights
     from envport.witness.launchers.docker import DockerLauncher
     from envport.witness.launchers.local import LocalLauncher, activated_env
     from envport.witness.run import host_gpu_count, requires_gpu
@@ -120,7 +121,8 @@ def _launcher(args, loaded, identity, opts):
         from envport.witness.launchers.ssh import launcher_for_host
 
         launcher = launcher_for_host(load_site(args.site, loaded.root), args.host, spec.name,
-                                     prefix=args.python and str(Path(args.python).parent.parent))
+                                     prefix=args.python and str(Path(args.python).parent.parent),
+                                     weight_env=weights.remote_env(spec))
         return launcher, {"ssh_host": args.host}
     if args.target == "venv":
         python = Path(args.python).expanduser() if args.python else venv_python(spec.name)
@@ -129,11 +131,14 @@ def _launcher(args, loaded, identity, opts):
         env = activated_env(python.parent.parent, os.environ)
         if not (python.parent.parent / ".envport" / "env.sh").is_file():
             env.update(spec.env)
+        # No mount on a bare host: each weight's variable points at its folder under the weights root.
+        env.update(weights.runtime_env(spec, weights.weights_root()))
         launcher = LocalLauncher(python, base_env=env,
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
         return launcher, {"prefix": str(python.parent.parent)}
     image = args.image or identity.image_tag
     gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
     launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
-                              missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG")
+                              missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG",
+                              mounts=weights.existing_mounts(spec, weights.weights_root()))
     return launcher, {"image": image}

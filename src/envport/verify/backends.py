@@ -7,8 +7,10 @@ with what differs for an env that lives in a folder on a host:
 - the interpreter and pip are `<prefix>/bin/python`, `<prefix>/bin/pip`;
 - the env vars are what the env's `.envport/env.sh` exports (what activating it
   does), not the login shell's;
-- shim files and weight mount points sit under `$ENVPORT_ROOT` (default
-  `<prefix>/root`, see setup-venv.sh), so their paths are rebased there;
+- shim files sit under `$ENVPORT_ROOT` (default `<prefix>/root`, see
+  setup-venv.sh) and weights under the weights root (`<root>/<env>/<weight>`,
+  envport.build.weights), so their paths are rebased there, and each weight's
+  variable is expected to point at its folder, as the launchers set it;
 - the hash is the one the setup script wrote to `<prefix>/.envport/hash`
   (there is no image label), checked against the spec's content hash.
 
@@ -29,13 +31,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
+from envport.build import weights
 from envport.core import layout
 from envport.engines.ssh import env_preflight, prefix_expr, resolve_host, ssh_argv
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
-from envport.verify.checks import CheckFailed, Facts, parse_env0, spec_checks
+from envport.verify.checks import CheckFailed, Facts, parse_env0, shell_path, spec_checks
 from envport.verify.docker import USER_TESTS, default_junit
 from envport.verify.plugin import VerifyPlugin
 from envport.verify.report import outcome, progress_line, shown_path
@@ -44,21 +47,38 @@ TARGET = "venv"
 
 
 class EnvFacts(Facts):
-    """Facts of a folder env: env vars come from sourcing its env block, not from the login shell."""
+    """Facts of a folder env: env vars come from sourcing its env block, not from the login shell,
+    with each weight's variable pointed at its folder as the launchers do (a bare host has no mount)."""
+
+    weight_env: dict = {}
 
     @cached_property
     def env(self) -> dict[bytes, bytes]:
         p = shlex.quote(self.venv)
-        out = self._run(f"bash -c '. \"$1/.envport/env.sh\" && env -0' envport-verify {p}")
+        exports = "".join(f" && export {k}={shell_path(v)}" for k, v in sorted(self.weight_env.items()))
+        script = '. "$1/.envport/env.sh"' + exports + " && env -0"
+        out = self._run(f"bash -c {shlex.quote(script)} envport-verify {p}")
         if out.rc != 0:
             raise CheckFailed(f"sourcing {self.venv}/.envport/env.sh failed: {out.stderr.strip()[-300:]}")
         return parse_env0(out.stdout_bytes)
 
 
-def rebase(checks, root: str):
-    """Shim files and weight mount points live under ENVPORT_ROOT in a folder env; ids stay the spec's."""
-    return [dataclasses.replace(c, key=root.rstrip("/") + c.key) if c.kind in ("file", "weight") else c
-            for c in checks]
+def rebase(checks, root: str, weights_at: Optional[dict] = None, weight_env: Optional[dict] = None):
+    """Shim files live under ENVPORT_ROOT in a folder env, weights under the weights root (no mount on a
+    bare host: `weights_at` maps each spec path to its folder, `weight_env` each variable); ids stay the spec's."""
+    weights_at, weight_env = weights_at or {}, weight_env or {}
+
+    def one(c):
+        if c.kind == "file":
+            return dataclasses.replace(c, key=root.rstrip("/") + c.key)
+        if c.kind in ("weight", "weight-dir"):
+            for spec_path, host in weights_at.items():
+                if c.key == spec_path or c.key.startswith(spec_path + "/"):
+                    return dataclasses.replace(c, key=host + c.key[len(spec_path):])
+        if c.kind == "env" and c.key in weight_env:
+            return dataclasses.replace(c, expected=weight_env[c.key])
+        return c
+    return [one(c) for c in checks]
 
 
 def _pytest_args(root: Path, spec_path: Path, hosts: list[str], junit: Path, workdir: Path) -> list[str]:
@@ -134,9 +154,15 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
         h = testinfra.get_host(url, **kwargs, **control)
         got = h.run(f"cat {shlex.quote(env_prefix + '/.envport/hash')}")
         labels = {"envport.hash": got.stdout.strip()} if got.rc == 0 else {}
-        return EnvFacts(h, labels=labels, venv=env_prefix)
+        facts = EnvFacts(h, labels=labels, venv=env_prefix)
+        facts.weight_env = weight_env
+        return facts
 
-    checks = rebase(spec_checks(loaded, hash_), f"{env_prefix}/root")
+    # The weights root: this host's, or `~/.envport/weights` on an SSH host (`envport weights stage`).
+    wroot = "~/.envport/weights" if host else str(weights.weights_root())
+    weights_at = {w.path: f"{wroot}/{spec.name}/{n}" for n, w in spec.weight_dirs.items()}
+    weight_env = {w.env: weights_at[w.path] for w in spec.weight_dirs.values() if w.env}
+    checks = rebase(spec_checks(loaded, hash_), f"{env_prefix}/root", weights_at, weight_env)
     junit = Path(junit) if junit else default_junit(root, spec.name)
     junit.parent.mkdir(parents=True, exist_ok=True)
 

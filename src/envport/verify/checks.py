@@ -3,7 +3,7 @@
 One `Check` per thing the spec promises: every system package installed
 (dpkg), every pip package at the version the LAST phase naming it asks for,
 the python version, every env var's exact bytes, every shim file's sha256 and
-mode, every weight mount point present and empty, and the image's
+mode, every pinned weight file at its size and sha256 where the env reads it, and the image's
 `envport.hash` label.  `Facts` asks the env once per kind (one `pip list`,
 one `env -0`, one `dpkg-query`) through a testinfra host, so a check costs a
 dictionary lookup; the same checks work on any testinfra backend.
@@ -76,7 +76,12 @@ def spec_checks(loaded: Loaded, hash_: str) -> list[Check]:
     for dest, f in sorted(_shims(loaded).items()):
         checks.append(Check(f"file[{dest}]", "file", dest, f[0], mode=f[1]))
     for wname, w in sorted(spec.weight_dirs.items()):
-        checks.append(Check(f"weight[{wname}:{w.path}]", "weight", w.path, ""))
+        # What the spec pins, where the env finds it (a backend rebases the path to its weights).
+        for f in w.files:
+            checks.append(Check(f"weight[{wname}/{f.path}]", "weight", f"{w.path}/{f.path}",
+                                f"{'' if f.size is None else f.size}:{f.sha256 or ''}"))
+        if not w.files:
+            checks.append(Check(f"weight[{wname}:{w.path}]", "weight-dir", w.path, ""))
     checks.append(Check("label[envport.hash]", "label", "envport.hash", hash_))
     return checks
 
@@ -161,6 +166,28 @@ class Facts:
         return out.stdout.strip()
 
 
+def shell_path(path: str) -> str:
+    """A path for the env's shell: quoted, with a leading ~/ left to the shell (an SSH host's home)."""
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _judge_weight(check: Check, facts: Facts) -> str:
+    """Size and sha256 of one pinned weight file, every byte read where the env reads it."""
+    size_pin, _, sha_pin = check.expected.partition(":")
+    p = shell_path(check.key)
+    out = facts.host.run(f"test -f {p} && stat -L -c %s {p} && sha256sum < {p}")
+    if out.rc != 0:
+        raise CheckFailed(f"weight file {check.key} is absent (fix: envport weights fetch, or the up command)")
+    lines = out.stdout.split("\n")
+    size, digest = lines[0].strip(), (lines[1].split() or [""])[0]
+    if (size_pin and size != size_pin) or (sha_pin and digest != sha_pin):
+        raise CheckFailed(f"weight file {check.key}: {size} bytes, sha256 {digest}; the pin is "
+                          f"{size_pin or '(any)'} bytes, sha256 {sha_pin or '(any)'}")
+    return f"{size} bytes, sha256 {digest[:12]}"
+
+
 def parse_env0(data: bytes) -> dict[bytes, bytes]:
     """`env -0` output as {name: value}, bytes kept exactly (values may hold newlines)."""
     pairs = {}
@@ -212,6 +239,8 @@ def judge(check: Check, facts: Facts) -> str:
     if kind == "env":
         have = facts.env.get(check.key.encode())
         want = check.expected.encode("utf-8")
+        if want.startswith(b"~/") and facts.env.get(b"HOME"):
+            want = facts.env[b"HOME"] + want[1:]  # a weights folder on an SSH host, under its home
         if have is None:
             raise CheckFailed(f"{check.key} is not set in the env (expected {want!r})")
         if have != want:
@@ -229,14 +258,12 @@ def judge(check: Check, facts: Facts) -> str:
             raise CheckFailed(f"{check.key} has mode {mode}, expected {check.mode}")
         return digest
     if kind == "weight":
-        path = shlex.quote(check.key)
-        out = facts.host.run(f"test -d {path} && find {path} -mindepth 1 -maxdepth 1 | head -n 5")
+        return _judge_weight(check, facts)
+    if kind == "weight-dir":
+        out = facts.host.run(f"test -d {shell_path(check.key)}")
         if out.rc != 0:
-            raise CheckFailed(f"weight mount point {check.key} is missing")
-        if out.stdout.strip():
-            found = ", ".join(out.stdout.split())
-            raise CheckFailed(f"weight mount point {check.key} is not empty (weights must never be baked): {found}")
-        return "empty"
+            raise CheckFailed(f"weight folder {check.key} is missing")
+        return "present"
     if kind == "label":
         have = facts.labels.get(check.key)
         if have == check.expected:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from envport.build import weights
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.plan.steps import CONTAINER_VENV
@@ -121,9 +122,12 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
     with _sigterm_interrupts():
         try:
             progress(f"envport: [verify] starting {name} from {ref} (network {site.network})")
+            # The weights as every run sees them: this host's folders, read-only at the spec's paths.
+            mounts = {host: {"bind": path, "mode": "ro"}
+                      for host, path in weights.existing_mounts(spec, weights.weights_root())}
             container = client.containers.run(
                 img.id, entrypoint=["sleep", "infinity"], detach=True, name=name,
-                network_mode=site.network, labels={VERIFY_LABEL: spec.name})
+                network_mode=site.network, labels={VERIFY_LABEL: spec.name}, volumes=mounts)
             with tempfile.TemporaryDirectory(prefix="envport-verify-") as tmp, contextlib.redirect_stdout(out):
                 code = pytest.main(_pytest_args(root, loaded.path, name, junit, Path(tmp)), plugins=[plugin])
         finally:

@@ -1,7 +1,8 @@
 """Run witnesses in a built image: `docker run --rm --init --network host`, witnesses mounted read-only.
 
 The image stays clean (nothing of envport is baked in): the witness folder is
-bind-mounted at run time.  Each run gets a unique container name so a timeout
+bind-mounted at run time, and so are the env's weights, read-only, each at its
+spec path (the image's ENV already points the weight's variable there).  Each run gets a unique container name so a timeout
 or Ctrl-C can remove exactly that container; a killed docker client would
 otherwise leave it running.
 """
@@ -25,7 +26,8 @@ class DockerLauncher(Launcher):
 
     def __init__(self, image: str, python: str = "python3", gpus: bool = False, ipc_host: bool = True,
                  shm_size: Optional[str] = None, docker: str = "docker", witness_dir: Path = WITNESS_DIR,
-                 extra_args: Sequence[str] = (), name_prefix: str = "envport-witness", missing_fix: str = ""):
+                 extra_args: Sequence[str] = (), name_prefix: str = "envport-witness", missing_fix: str = "",
+                 mounts: Sequence[tuple[str, str]] = ()):
         self.image = image
         self.python = python  # resolved on the image's PATH (its venv comes first there)
         self.gpus = gpus  # the caller decides: the spec asks for GPUs AND the host has them
@@ -36,6 +38,8 @@ class DockerLauncher(Launcher):
         self.extra_args = list(extra_args)
         self.name_prefix = name_prefix
         self.missing_fix = missing_fix or "envport build NAME --target docker, or pass --image TAG"
+        # (host folder, path in the image): weights, mounted read-only so a tool cannot change what was pinned.
+        self.mounts = list(mounts)
 
     def witness_path(self, script: str) -> str:
         return f"{MOUNT_POINT}/{script}"
@@ -47,6 +51,8 @@ class DockerLauncher(Launcher):
         """`docker run` options up to (not including) the image: wrappers reuse them."""
         args = ["run", "--rm", "--init", "--network", "host", "--name", name,
                 "-v", f"{self.witness_dir}:{MOUNT_POINT}:ro"]
+        for host_path, path in self.mounts:
+            args += ["-v", f"{host_path}:{path}:ro"]
         if self.shm_size:
             args += ["--shm-size", self.shm_size]
         elif self.ipc_host:

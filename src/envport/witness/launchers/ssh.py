@@ -70,7 +70,7 @@ class SshLauncher(Launcher):
 
     def __init__(self, host, env_name: str, *, prefix: Optional[str] = None, envs_dir: Optional[str] = None,
                  witness_dir: Path = WITNESS_DIR, connect_timeout: Optional[int] = None,
-                 host_label: Optional[str] = None):
+                 host_label: Optional[str] = None, weight_env: Optional[Mapping[str, str]] = None):
         self.host = host
         self.host_label = host_label or (host.ssh if hasattr(host, "ssh") else str(host))
         self.env_name = env_name
@@ -81,6 +81,8 @@ class SshLauncher(Launcher):
         self.connect_timeout = connect_timeout
         # The wrapped launcher: the env's python and the unpacked scripts, both on the remote host.
         self.inner = LocalLauncher(f"{_P}/bin/python", witness_dir=Path(_D), base_env={})
+        # VAR -> folder under the host's weights root (`envport weights stage --host` copies them there).
+        self.weight_env = dict(weight_env or {})
 
     def witness_path(self, script: str) -> str:
         return self.inner.witness_path(script)
@@ -107,6 +109,8 @@ class SshLauncher(Launcher):
             'if [ -f "$P/.envport/env.sh" ]; then . "$P/.envport/env.sh"; fi',
             'export VIRTUAL_ENV="$P" PATH="$P/bin:$PATH"',
         ]
+        for var, rel in sorted(self.weight_env.items()):
+            lines.append(f'export {var}="$HOME/.envport/weights"/{shlex.quote(rel)}')
         if exports:
             lines.append(f"export {exports}")
         lines += [

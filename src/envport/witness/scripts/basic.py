@@ -1,4 +1,4 @@
-"""Witness: the env's interpreter version, its imports and its CLI checks.
+"""Witness: the env's interpreter version, its imports, its CLI checks and its weights.
 
 stdlib only, so it also proves envs without torch.  Each import is tried in a
 fresh interpreter so one that aborts the process (a bad .so) cannot take the
@@ -6,10 +6,17 @@ other checks with it, and from a scratch cwd so nothing next to the caller
 shadows the env's packages.
 
     python basic.py --python 3.11 --import torch --import numpy \
-        --cli '{"cmd": "pip --version", "expect": "^pip "}'
+        --cli '{"cmd": "pip --version", "expect": "^pip "}' \
+        --weight '{"name": "tiny", "env": "DEMO_WEIGHTS", "path": "/weights/tiny",
+                   "files": [{"path": "tiny.f32", "size": 4096, "sha256": "..."}]}'
+
+A weight is read the way the tool would find it: through its env var (the
+spec's path when it declares none), every byte hashed; the record says whether
+the folder is read-only there (a mount should be).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -94,11 +101,48 @@ def check_cli(cmd, expect, timeout, scratch):
     return rec["ok"]
 
 
+def check_weight(spec):
+    t = time.time()
+    name = spec["name"]
+    var = spec.get("env")
+    folder = os.environ.get(var) if var else spec.get("path")
+    rec = {"check": "weight", "name": name, "env": var, "folder": folder}
+    problems = []
+    if var and not folder:
+        problems.append("%s is not set in the env" % var)
+    elif not os.path.isdir(folder):
+        problems.append("%s is not a folder here%s" % (folder, " (from $%s)" % var if var else ""))
+    else:
+        for f in spec.get("files") or []:
+            path = os.path.join(folder, f["path"])
+            try:
+                h, size = hashlib.sha256(), 0
+                with open(path, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 22), b""):
+                        h.update(chunk)
+                        size += len(chunk)
+            except OSError as exc:
+                problems.append("%s: %s" % (path, exc.strerror or exc))
+                continue
+            want_size, want_sha = f.get("size"), f.get("sha256")
+            if (want_size is not None and size != want_size) or (want_sha and h.hexdigest() != want_sha):
+                problems.append("%s: %d bytes, sha256 %s; the pin is %s bytes, sha256 %s"
+                                % (path, size, h.hexdigest(), want_size, want_sha))
+        # W_OK is false on a read-only mount even for root (EROFS), unlike a mode bit.
+        rec["read_only"] = not os.access(folder, os.W_OK)
+        rec["files"] = len(spec.get("files") or [])
+    rec.update(ok=not problems, problems=problems, seconds=round(time.time() - t, 3))
+    emit(rec)
+    return rec["ok"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", help="expected MAJOR.MINOR")
     ap.add_argument("--import", dest="imports", action="append", default=[])
     ap.add_argument("--cli", action="append", default=[], help='JSON {"cmd": ..., "expect": ...}')
+    ap.add_argument("--weight", action="append", default=[],
+                    help='JSON {"name", "env", "path", "files": [{"path", "size", "sha256"}]}')
     ap.add_argument("--timeout", type=float, default=120.0, help="per import / per command")
     args = ap.parse_args(argv)
     ok = check_python(args.python)
@@ -108,6 +152,8 @@ def main(argv=None):
         for item in args.cli:
             spec = json.loads(item)
             ok = check_cli(spec["cmd"], spec["expect"], args.timeout, scratch) and ok
+    for item in args.weight:
+        ok = check_weight(json.loads(item)) and ok
     return 0 if ok else 1
 
 
