@@ -79,6 +79,12 @@ def build(loaded: Loaded, site, root: Path, *, flavour: str, host: str | None = 
         m = next((REFUSED_RE.search(ln) for ln in reversed(lines) if REFUSED_RE.search(ln)), None)
         reason, why = (m.group(1), m.group(2)) if m else ("refused", lines[-1] if lines else "")
         return [StepResult(name, Verdict.REFUSED, why, reason=reason, seconds=seconds)]
+    from envport.build.lock import hash_mismatches
+
+    swapped = hash_mismatches(lines)
+    if swapped:
+        return [StepResult(name, Verdict.FAILED, f"{swapped[0]}; that phase installed nothing",
+                           reason="hash_mismatch", lines=swapped, seconds=seconds)]
     last = "\n".join(lines[-3:])
     if target_host is not None and is_unreachable(rc, last):
         return [unreachable(name, host, last, seconds)]
