@@ -129,7 +129,7 @@ def _header(header: list[tuple[int, str]], label: str, draft: Draft) -> None:
                    f"the spec's base is a docker image; a {boot} bootstrap has no equivalent",
                    "set `base:` to the docker image this one was built from")
     for key, (value, kno) in values.items():
-        if key not in ("bootstrap", "from"):
+        if key not in ("bootstrap", "from", "stage"):
             draft.note(kno, f"{key}: {value}", DROPPED, "a bootstrap option with no spec field")
 
 
@@ -194,7 +194,7 @@ def _files(body: list[str], first: int, draft: Draft, context: BuildContext) -> 
         host = context.host(src)
         if host is None or not host.is_file():
             what = "a directory; shim_files holds single files" if host is not None and host.is_dir() else \
-                f"{src} is not next to the .def ({context.root})"
+                f"{src} is not in the build context (the .def's folder, or --context)"
             draft.note(i, line, DROPPED, what, "put the file there (or pass --context DIR) and import again")
             continue
         if not SAFE_PATH_RE.match(dest):

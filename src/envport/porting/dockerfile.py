@@ -337,7 +337,7 @@ def _copy(kind: str, value: str, line: int, ctx: ShellContext, context: BuildCon
             continue
         context.copies[target] = host
         if not host.is_file():
-            draft.note(line, shown, DROPPED, f"{context.label(host)} is not in the build context ({context.root})",
+            draft.note(line, shown, DROPPED, f"{context.label(host)} is not in the build context (the Dockerfile's folder, or --context)",
                        "put the file there (or pass --context DIR) and import again")
             continue
         if kind == "ADD" and re.search(r"\.(tar(\.\w+)?|tgz)$", src):

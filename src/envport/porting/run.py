@@ -122,6 +122,8 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
     """Overrides from the command line, python from what the source implies, and order notes."""
     if base:
         draft.base = base
+    if python:
+        draft.python, draft.python_how, draft.python_guessed = python, "--python", False
     for pkg in draft.system_pkgs:
         m = re.match(r"^python(3\.\d{1,2})(-venv|-dev|-full)?$", pkg)
         if m:
@@ -138,14 +140,14 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
                                f"the source names no python; {version} is the distribution's python3",
                                "check `python:` in the spec")
                     break
-    if python:
-        draft.python, draft.python_how, draft.python_guessed = python, "--python", False
     last_pip = max((p.seq for p in draft.phases), default=0)
     for cmd, file, line, seq in draft.run_commands:
         if seq < last_pip:
             draft.note(line, cmd, REPORTED, "it ran before a later pip call in the source; envport runs "
                        "run_commands after every pip phase and shim file", "check it does not prepare something a "
                        "pip phase needs (a cloned source, a compiler)", file=file)
+    # One reading order for the report: by file (the recipe first), then by line.
+    draft.notes.sort(key=lambda n: (n.file != draft.file, n.file, n.line or 0))
     if len(draft.run_commands) > MAX_RUN_COMMANDS:
         raise ImportRefused(f"{draft.file}: {len(draft.run_commands)} run commands, more than an env spec holds "
                             f"({MAX_RUN_COMMANDS} at most); split the recipe, or turn its steps into a script "

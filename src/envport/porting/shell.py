@@ -48,6 +48,9 @@ BASH_ONLY = [
     (re.compile(r"(^|[;&|\s])(pushd|popd|shopt|declare|typeset)\s"), "bash builtins (pushd/shopt/declare)"),
     (re.compile(r"(?<![$\\])\{[^{}\s,$]*,[^{}\s$]*\}"), "brace expansion `{a,b}`"),
 ]
+# A model's own downloader (transformers, the HF hub, torch.hub, a tool's `download-models`).
+MODEL_DOWNLOADER = re.compile(r"from_pretrained|snapshot_download|hf_hub_download|torch\.hub\.load|"
+                              r"download[-_]?models?\b|install[-_]models\b|download[-_]weights|fetch[-_]weights", re.I)
 SED_PATCH = re.compile(r"\bsed\b[^|;&]*\s-i\b.*(site-packages|dist-packages|/venv/|/lib/python\d|/opt/conda)")
 GIT_CLONE = re.compile(r"\bgit\s+clone\b")
 GIT_PINNED = re.compile(r"\b(checkout|reset\s+--hard|switch\s+--detach|fetch\s+\S+)\s+[0-9a-f]{40}\b")
@@ -226,12 +229,17 @@ def _suggest_weights(text: str, ctx: ShellContext) -> None:
     if target and not target.startswith("/"):
         target = posixpath.normpath(posixpath.join(ctx.cwd, target))
     url = re.search(r"(https?://\S+)", text)
-    repo = re.search(r"download\s+([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)", text)
+    repo = re.search(r"download\s+([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)", text) or \
+        re.search(r"(?:from_pretrained|snapshot_download|hf_hub_download)\(\s*(?:repo_id=)?['\"]([^'\"]+)['\"]", text)
     stem = (repo.group(1).split("/")[-1] if repo else
             (url.group(1).rstrip("/").rsplit("/", 1)[-1].split("?")[0] if url else "weights"))
     name = re.sub(r"[^a-z0-9-]+", "-", stem.lower().split(".")[0]).strip("-")[:40] or "weights"
     path = target if target and target != "/" else f"/weights/{name}"
-    ctx.draft.suggested_weights.append((name, {"path": path, "source": text}))
+    entry = {"path": path}
+    if not target and re.search(r"huggingface|from_pretrained|snapshot_download|hf_hub_download|\bhf\s", text):
+        entry["env"] = "HF_HOME"  # the hub's cache: the downloader and the tool both look there
+    entry["source"] = text
+    ctx.draft.suggested_weights.append((name, entry))
 
 
 def _strip_prefix(words: list[str], line, ctx: ShellContext) -> list[str]:
@@ -294,7 +302,7 @@ def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
                  "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
         _suggest_weights(seg, ctx)
         return "done"
-    if cmd in ("wget", "curl") and (WEIGHT_FILE.search(seg) or WEIGHT_HINT.search(seg)):
+    if cmd in ("wget", "curl") and (WEIGHT_FILE.search(seg) or WEIGHT_HINT.search(seg)) or MODEL_DOWNLOADER.search(seg):
         ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
                  "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
         _suggest_weights(seg, ctx)
