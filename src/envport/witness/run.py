@@ -154,12 +154,6 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
             basic_args += ["--weight", json.dumps({"name": n, "env": wd.env, "path": wd.path,
                                                    "files": [f.model_dump() for f in wd.files]}, sort_keys=True)]
         basic_checks.append("weights")
-    pinned = {n: wd for n, wd in sorted(spec.weight_dirs.items()) if wd.files}
-    if _wanted("weights", opts) and pinned:
-        for n, wd in pinned.items():
-            basic_args += ["--weight", json.dumps({"name": n, "env": wd.env, "path": wd.path,
-                                                   "files": [f.model_dump() for f in wd.files]}, sort_keys=True)]
-        basic_checks.append("weights")
     if basic_checks:
         calls.append(WitnessCall("basic.py", basic_args, basic_checks,
                                  opts.check_timeout_s * (1 + len(w.imports) + len(w.cli)), "basic"))
@@ -337,8 +331,6 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
         wanted += [("cli", c.cmd, f"cli {c.cmd}") for c in spec.witnesses.cli]
     if "weights" in call.checks:
         wanted += [("weight", n, f"weight {n}") for n, w in sorted(spec.weight_dirs.items()) if w.files]
-    if "weights" in call.checks:
-        wanted += [("weight", n, f"weight {n}") for n, w in sorted(spec.weight_dirs.items()) if w.files]
     for check, name, step in wanted:
         rec = by_key.get((check, name))
         if rec is None:
@@ -351,17 +343,6 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
             out.append(StepResult(step, Verdict.OK if rec["ok"] else Verdict.FAILED, detail, seconds=secs,
                                   lines=[] if rec["ok"] else [f"fix: the env's interpreter is {rec.get('got')}, "
                                                               f"the spec says python: \"{rec.get('expected')}\""]))
-        elif check == "weight":
-            where = f"${rec.get('env')}={rec.get('folder')}" if rec.get("env") else str(rec.get("folder"))
-            if rec["ok"]:
-                ro = "read-only" if rec.get("read_only") else "writable"
-                out.append(StepResult(step, Verdict.OK, f"{rec.get('files')} file(s) at their pins via {where} "
-                                      f"({ro})", seconds=secs, data={"read_only": bool(rec.get("read_only"))}))
-            else:
-                probs = list(rec.get("problems") or [])
-                out.append(StepResult(step, Verdict.FAILED, probs[0] if probs else "weight check failed",
-                                      lines=probs[1:] + [f"fix: envport weights verify {spec.name}, then "
-                                                         f"envport weights fetch {spec.name}"], seconds=secs))
         elif check == "weight":
             where = f"${rec.get('env')}={rec.get('folder')}" if rec.get("env") else str(rec.get("folder"))
             if rec["ok"]:
