@@ -43,6 +43,9 @@ class WitnessOptions:
     host_gpus: Optional[int] = None  # None: count them with nvidia-smi
     torch_gpus: Optional[int] = None  # None: ask the env's torch (gpus.py) when GPUs may be there
     fault: Optional[str] = None  # test-only, passed as ENVPORT_WITNESS_FAULT
+    # Read the pinned weights through their env var: only where the launcher provides them (`envport witness`
+    # and `envport up` mount or point at the weights root; a Slurm job does not stage them yet).
+    weights: bool = False
     on_line: Optional[Callable[[str], None]] = None  # every output line, for progress
     on_step: Optional[Callable[[StepResult], None]] = None  # each result as it is known
     on_start: Optional[Callable[["WitnessCall"], None]] = None  # before each witness script starts
@@ -149,7 +152,7 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
             basic_args += ["--cli", json.dumps({"cmd": c.cmd, "expect": c.expect})]
         basic_checks.append("cli")
     pinned = {n: wd for n, wd in sorted(spec.weight_dirs.items()) if wd.files}
-    if _wanted("weights", opts) and pinned:
+    if (opts.weights or "weights" in opts.only) and _wanted("weights", opts) and pinned:
         for n, wd in pinned.items():
             basic_args += ["--weight", json.dumps({"name": n, "env": wd.env, "path": wd.path,
                                                    "files": [f.model_dump() for f in wd.files]}, sort_keys=True)]
