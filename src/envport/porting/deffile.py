@@ -87,7 +87,7 @@ def read_def(text: str, label: str, context: BuildContext, draft: Draft) -> None
                 draft.note(no, f"%files {args}", DROPPED, "copies out of another stage, which a spec cannot hold",
                            "install what it copies with a pip phase or a run command")
             else:
-                _files(body, no, draft, context)
+                _files(body, no, draft, context, rendered)
         elif name == "post":
             if args:
                 draft.note(no, f"%post {args}", DROPPED, "%post options: envport's %post is /bin/sh -e")
@@ -175,7 +175,12 @@ def _labels(body: list[str], first: int, draft: Draft, rendered: bool) -> None:
             draft.labels[key] = value
 
 
-def _files(body: list[str], first: int, draft: Draft, context: BuildContext) -> None:
+# What envport's own .def copies besides shim files: the lock's requirements, a site's wheelhouse
+# and CA bundle.  None of it is the spec's: the lock and the site make them again.
+ENVPORT_OWN = ("/opt/envport/", "/tmp/envport-wheelhouse")
+
+
+def _files(body: list[str], first: int, draft: Draft, context: BuildContext, rendered: bool = False) -> None:
     import posixpath
 
     from envport.spec.model import SAFE_PATH_RE
@@ -187,6 +192,8 @@ def _files(body: list[str], first: int, draft: Draft, context: BuildContext) -> 
         words = [m.group(1) if m.group(1) is not None else m.group(2) for m in FILES_TOKEN.finditer(line)]
         src, dest = words[0], (words[1] if len(words) > 1 else words[0])
         dest = posixpath.normpath(posixpath.join("/", dest))
+        if rendered and (dest.startswith(ENVPORT_OWN) or src == "ca-bundle.crt"):
+            continue
         if src.startswith("/"):
             draft.note(i, line, DROPPED, "reads an absolute host path, which exists only on the machine that built "
                        "the .def", "copy the file next to the .def and name it relative to it")
