@@ -13,6 +13,12 @@
 # back from a lent device machine).  Exit status: the witness run's (0 ok,
 # 1 failed, 5 no accelerator).
 #
+# On this project's lent device machine (/work/.library/device/README.md): run
+# `prepare` here, then one device call with carry [".whl"], command
+# `bash scripts/gpu-check.sh run` and timeout_s 360 (about 2 minutes of work
+# on 16 cores; the rest leaves room for one rerun within the 15-minute lease),
+# then copy the returned infra-gpu.md to docs/.
+#
 # The lent machine's python3 is 3.12 with torch 2.11.0+cu130 and has PyYAML,
 # Jinja2 and packaging but not pydantic (/work/.library/device/KINDS.md), so
 # prepare fetches pydantic and its own needs as cp312 manylinux wheels.
@@ -29,7 +35,7 @@ DEPS=(pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspe
 # the full worlds on gloo and the SKIPPED lines; a 4-GPU host runs them all on NCCL.
 WORLD=2
 MESH="[2, 2]"
-DEADLINE=240
+DEADLINE=180  # per witness script; NCCL's own timeouts fire at half of it
 
 prepare() {
     mkdir -p "$WHL"
