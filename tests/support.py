@@ -1,6 +1,7 @@
 """Plain helpers and constants shared by the tests; no fixtures (those live in tests/fixtures.py).
 
 - ``copy_project``: a throwaway copy of the project (PROJECT_DIRS), so tests never touch the checkout.
+- ``copy_tracked``: the tracked files, for package builds that must leave nothing in the checkout.
 - ``run_envport``: the real CLI in a subprocess on a project root, the way a user runs it.
 - ``cli_env``: this process's environment with the local test env folder (LOCAL_ENVS_DIR), which keeps
   its venv between sessions: a build whose hash matches is `present` in about a second. (The folder over
@@ -44,6 +45,20 @@ def copy_project(dest: Path) -> Path:
     for d in PROJECT_DIRS:
         if (REPO / d).is_dir():
             shutil.copytree(REPO / d, dest / d)
+    return dest
+
+
+def copy_tracked(dest: Path) -> Path:
+    """The checkout's tracked files (`git ls-files`, as they are in the working tree) copied into DEST, so a
+    package build (`pip install .`, `pip wheel .`) leaves its build/ and *.egg-info there, never in the
+    checkout. Fails when the checkout is not a git work tree: CI runs on a clone."""
+    proc = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    assert proc.returncode == 0, f"git ls-files failed in {REPO} (these tests need a git checkout): {proc.stderr!r}"
+    for rel in filter(None, proc.stdout.decode().split("\0")):
+        path = REPO / rel
+        if path.is_file():  # a tracked file deleted in the working tree is not copied
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest / rel)
     return dest
 
 

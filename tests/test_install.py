@@ -27,7 +27,7 @@ import pytest
 from envport.spec.loader import all_spec_names, load_spec
 from envport.recipe.render import KEPT_FILES, render_spec
 
-from .support import REPO
+from .support import REPO, copy_tracked
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +37,17 @@ def files_under(root: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in KEPT_FILES}
 
 
+def build_artefacts() -> dict[str, int]:
+    """{path: mtime_ns} of every file under the checkout's build/ and *.egg-info/ (setuptools' leftovers)."""
+    roots = [REPO / "build", *REPO.glob("*.egg-info"), *(REPO / "src").glob("*.egg-info")]
+    return {str(f): f.stat().st_mtime_ns for r in roots if r.is_dir() for f in r.rglob("*") if f.is_file()}
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict:
-    if shutil.which("git") is None or not (REPO / ".git").exists():
-        pytest.skip("needs a git checkout (git ls-files picks what is installed)")
     base = tmp_path_factory.mktemp("install")
-    src = base / "src"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for rel in filter(None, tracked.decode().split("\0")):
-        path = REPO / rel
-        if path.is_file():  # a tracked file deleted in the working tree is not installed
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, src / rel)
-    build_existed = (REPO / "build").exists()
+    src = copy_tracked(base / "src")
+    before = build_artefacts()
     env_dir = base / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     bindir = env_dir / "bin"
@@ -58,9 +56,9 @@ def installed(tmp_path_factory) -> dict:
                            "--no-input", str(src)], cwd=base, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, f"pip install . failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    # The build's leftovers stay in the copy, never in the checkout.
-    assert (src / "build").exists() or not (REPO / "build").exists() or build_existed
-    assert build_existed or not (REPO / "build").exists()
+    # The build's leftovers stay in the copy, never in the checkout: nothing under build/ or *.egg-info
+    # there was created or rewritten (compared file by file, so a build/ left by something else still counts).
+    assert build_artefacts() == before, "pip install of the copy wrote build/ or *.egg-info into the checkout"
     project = base / "project"
     shutil.copytree(REPO / "specs", project / "specs")
     return {"bin": bindir, "env": env, "project": project, "base": base}
@@ -105,10 +103,19 @@ def test_installed_rendering_is_byte_identical_to_committed_images(rendered):
                        f"package (images/ is stale: run `envport render --all`): {stale}")
 
 
-def test_installed_render_check_passes_on_its_own_output(installed, rendered):
-    proc = subprocess.run([str(installed["bin"] / "envport"), "render", "--all", "--check"],
-                          cwd=installed["project"], env=installed["env"], capture_output=True, text=True, timeout=300)
+def test_installed_render_check_passes_on_the_committed_images_and_names_a_drifted_file(installed, tmp_path):
+    """`render --all --check` judges files it did not write: the checkout's images/, then a copy with one edit."""
+    project = tmp_path / "check"
+    shutil.copytree(REPO / "specs", project / "specs")
+    shutil.copytree(REPO / "images", project / "images")
+    check = [str(installed["bin"] / "envport"), "render", "--all", "--check"]
+    proc = subprocess.run(check, cwd=project, env=installed["env"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    dockerfile = project / "images" / "demo-cpu" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "# an edit by hand\n")
+    proc = subprocess.run(check, cwd=project, env=installed["env"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "images/demo-cpu/Dockerfile" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def test_a_missing_build_extra_is_named_not_mistaken_for_a_stopped_engine(installed):

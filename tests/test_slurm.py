@@ -10,8 +10,11 @@ of a docker witness leaves no container.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import yaml
 from envport.witness import slurm_job as envport_slurm
 from envport.core.errors import SpecError
 
-from .support import ENV_NAME, REPO, cli_env, fail_with, run_envport
+from .support import ENV_NAME, cli_env, copy_tracked, fail_with, run_envport
 
 
 def write_profile(root: Path, name: str, cache_dir: Path, **fields) -> str:
@@ -65,7 +68,7 @@ def test_clusters_command_lists_project_and_shipped_profiles(session_project, jo
     write_profile(session_project, "t-listed", jobs_dir)
     proc = run_envport("slurm", "clusters", "--json", root=session_project, env=cli_env(), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "slurm clusters")
-    names = {p["name"] for p in json.loads(proc.stdout)}
+    names = {p["name"] for p in json.loads(proc.stdout)["clusters"]}
     assert {"local", "example-gpu", "t-listed"} <= names
 
 
@@ -111,14 +114,17 @@ def test_dry_run_prints_a_script_bash_accepts_with_every_value_quoted(session_pr
 
 
 def test_the_wheel_carries_the_slurm_folder(tmp_path):
-    """slurm/ stays top-level in the checkout; `pip install .` must still ship it (envport.slurm_files)."""
-    proc = subprocess.run(["python3", "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot build a wheel here: {proc.stderr.strip().splitlines()[-1:]}")
+    """slurm/ stays top-level in the checkout; `pip install .` must still ship it (envport.slurm_files).
+    Built from a copy of the tracked files, so build/ and *.egg-info land there, not in the checkout;
+    a failed build is a failure: a wheel that cannot be built ships nothing."""
+    src = copy_tracked(tmp_path / "src")
+    out = tmp_path / "wheels"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, fail_with(proc, "pip wheel")
     import zipfile
 
-    wheel = next(tmp_path.glob("envport-*.whl"))
+    wheel = next(out.glob("envport-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for member in ("envport/slurm_files/__init__.py", "envport/slurm_files/witness.sbatch.j2",
                    "envport/slurm_files/clusters/local.yaml", "envport/witness/slurm_job.py",
@@ -147,7 +153,8 @@ def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir
     assert not (Path(out["job_dir"]) / "witnesses").exists(), "the job removes its copy of the witnesses"
     # Without a database, the job-completion file still has it (what envport reads once scontrol forgets).
     assert envport_slurm.sacct_job(out["job_id"]) == {"JobState": "COMPLETED", "ExitCode": "0:0"}
-    ledger = json.loads((root / "images" / ENV_NAME / "ledger.json").read_text())["records"]
+    from envport.report import ledger as envport_ledger
+    ledger = envport_ledger.read(root, ENV_NAME)  # this user's state dir, not the checkout
     rec = next(r for r in reversed(ledger) if r["kind"] == "witness" and r.get("slurm"))
     assert rec["verdict"] == "OK" and rec["slurm"]["job_id"] == out["job_id"]
 
@@ -184,13 +191,12 @@ def test_a_failing_job_is_failed_with_its_log_tail_and_exit_code(slurm, session_
 def test_a_job_that_cannot_start_is_cancelled_after_max_pending(slurm, session_project, jobs_dir):
     # One task wider than the node: Slurm accepts it and keeps it PENDING (Reason=PartitionConfig).
     name = write_profile(session_project, "t-pends", jobs_dir, cpus=slurm.cpus * 32, max_pending="3s")
-    t0 = time.monotonic()
+    # How soon after max_pending it gives up is measured by bench/bench_refusals.py, not asserted here.
     code, out, err = submit(session_project, "--cluster", name, "--target", "venv", "--check", "python")
     assert code == 3, (out, err)
     step = out["steps"][0]
     assert step["verdict"] == "REFUSED" and step["reason"] == "pending_timeout", step
     assert "Reason=PartitionConfig" in step["detail"] and "max_pending 3s" in step["detail"]
-    assert time.monotonic() - t0 < 60
     gone = subprocess.run(["squeue", "-h", "-j", out["job_id"]], capture_output=True, text=True, timeout=30)
     assert gone.stdout.strip() == "", "the pending job was not cancelled"
 
@@ -204,43 +210,53 @@ def test_a_request_sbatch_rejects_is_refused(slurm, session_project, jobs_dir):
     assert step["reason"] == "sbatch_rejected" and "Requested node configuration is not available" in step["detail"]
 
 
-@pytest.mark.slurm
-@pytest.mark.docker
+def _job_containers(job: str, *status: str) -> list[str]:
+    argv = ["docker", "ps", "-a", "--filter", f"label=envport.slurm-job={job}", "--format", "{{.Names}}"]
+    for st in status:
+        argv += ["--filter", f"status={st}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.split()
+
+
+BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
+
+
 def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, session_project, jobs_dir):
     name = write_profile(session_project, "t-cancel", jobs_dir)
     proc = subprocess.Popen(
-        ["python3", "-m", "envport", "-C", str(session_project), "slurm", "submit", ENV_NAME, "--cluster", name,
+        [sys.executable, "-m", "envport", "-C", str(session_project), "slurm", "submit", ENV_NAME, "--cluster", name,
          "--target", "docker", "--image", demo_image.tag, "--check", "collectives", "--json", "--no-ledger"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=cli_env(ENVPORT_WITNESS_FAULT="hang:1"))  # rank 1 hangs: the witness stays in the middle
+    err: list[str] = []
+
+    def read_progress() -> None:
+        for line in proc.stderr:
+            err.append(line)
+
+    reader = threading.Thread(target=read_progress, daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 120
+        # In the middle of the witness: the job's log says the dist witness began, and both rank
+        # containers run. Polled, with a bound; never a fixed sleep.
+        deadline = time.monotonic() + 180
         job = ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            ps = subprocess.run(["docker", "ps", "--filter", f"name=^envport-{ENV_NAME}-", "--format",
-                                 '{{.Label "envport.slurm-job"}} {{.Names}}'],
-                                capture_output=True, text=True, timeout=30)
-            rows = [ln.split() for ln in ps.stdout.splitlines() if ln.strip()]
-            if len(rows) >= 2:
-                job = rows[0][0]
-                assert {r[1] for r in rows} >= {f"envport-{ENV_NAME}-{job}-0", f"envport-{ENV_NAME}-{job}-1"}
-                break
+        while not job or len(_job_containers(job, "running")) < 2:
+            assert proc.poll() is None, f"submit ended before the witness was cancelled:\n{''.join(err)}"
+            assert time.monotonic() < deadline, f"the witness never got going in 180s:\n{''.join(err)}"
+            job = next((m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err))) if m), "")
             time.sleep(0.5)
-        assert job, "the rank containers never started"
-        time.sleep(2)  # in the middle of the witness
+        assert set(_job_containers(job)) >= {f"envport-{ENV_NAME}-{job}-0", f"envport-{ENV_NAME}-{job}-1"}
         subprocess.run(["scancel", job], check=True, timeout=30)
-        stdout, stderr = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        stdout = proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()
+    reader.join(timeout=30)
     out = json.loads(stdout)
-    assert proc.returncode == 1 and out["state"] == "CANCELLED", (out, stderr)
+    assert proc.returncode == 1 and out["state"] == "CANCELLED", (out, "".join(err))
     assert "the job ended (CANCELLED) while this witness ran" in out["steps"][0]["detail"]
     end = time.monotonic() + 30
-    while True:
-        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=envport.slurm-job={job}"],
-                              capture_output=True, text=True, timeout=30).stdout.strip()
-        if not left or time.monotonic() > end:
-            break
+    while (left := _job_containers(job)) and time.monotonic() < end:
         time.sleep(0.5)
-    assert left == "", "containers of the cancelled job are still there"
+    assert left == [], f"containers of the cancelled job are still there: {left}"
