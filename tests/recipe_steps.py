@@ -106,7 +106,7 @@ def def_markers(text: str) -> list[str]:
             kind = "files"
         elif line.startswith("mkdir -p "):
             kind = "weights"
-        elif line.startswith("export ENVPORT_HASH=") or line == "rm -rf /tmp/envport-wheelhouse":
+        elif line.startswith("export ENVPORT_HASH=") or line == "rm -rf /opt/envport-build":
             kind = "labels"
         elif line.startswith("export ") and steps and steps[-1] in ("python", "env"):
             kind = "env" if not line.startswith(("export VIRTUAL_ENV=", "export PATH=")) else "python"

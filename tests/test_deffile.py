@@ -44,15 +44,17 @@ def test_every_rendered_def_parses(path: Path):
 
 def test_demo_cpu_exactly():
     d = parse_def((REPO / "images/demo-cpu/demo-cpu.def").read_text(encoding="utf-8"), "demo-cpu.def")
-    assert d.header == {"bootstrap": "docker", "from": "envport/debian-bookworm:base"}
+    # envport/* bases live in the local engine, never in a registry: docker-daemon, not docker.
+    assert d.header == {"bootstrap": "docker-daemon", "from": "envport/debian-bookworm:base"}
     assert [s.name for s in d.sections] == ["labels", "files", "environment", "post"]
-    assert d.files == (FileCopy(src="files/demo_run.py", dst="/opt/demo/run.py", line=12),)
+    shims = [f for f in d.files if not f.src.startswith("locks/")]  # a lock adds locks/pip-N.txt
+    assert [(f.src, f.dst) for f in shims] == [("files/demo_run.py", "/opt/demo/run.py")]
     assert dict(d.labels)["org.opencontainers.image.title"] == "demo-cpu"
     assert "    export DEMO_GREETING='hello from demo-cpu'\n" in d.script("environment")
     assert d.script("environment").endswith("\n\n")  # the blank line before %post belongs to it, as in apptainer
     assert [(s.n, s.marker, s.title) for s in d.steps][:4] == [
         (1, "base", "base envport/debian-bookworm:base"), (2, "python", "python 3.11"),
-        (3, "env", "env (2 vars)"), (4, "pip-1", "pip phase 1: torch==2.13.0")]
+        (3, "env", "env (3 vars)"), (4, "pip-1", "pip phase 1: torch==2.13.0")]
     assert d.script("runscript") == "" and not d.has("runscript")
 
 

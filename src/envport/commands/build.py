@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = sub.add_parser("build", help="build an env (docker image, .sif, venv or conda env)",
                        description="Build an env from its spec, or report it `present` when an env with the "
                        "same content hash exists (checked, not assumed). docker: image envport/<name>:<hash12>; "
-                       "apptainer: .cache/sif/<name>-<hash12>.sif; venv/conda: the rendered setup script run "
+                       "apptainer: <sif_dir>/<name>-<hash12>.sif (site profile; default .cache/sif), with apptainer where it is "
+                       "on PATH, else envport's own .def builder (docs/apptainer.md); venv/conda: the rendered setup script run "
                        "locally or over SSH (--host, a site host alias or an ssh destination). Every build is "
                        "recorded in images/<name>/ledger.json and docs/envs/<name>.md.")
     p.add_argument("spec", metavar="NAME|PATH")
@@ -21,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--host", default=None, help="venv/conda: build on this SSH host (site alias or destination)")
     p.add_argument("--rebuild", action="store_true", help="build even when present")
     p.add_argument("--no-cache", action="store_true", help="docker: do not reuse the engine's layer cache")
+    p.add_argument("--from-docker", action="store_true",
+                   help="apptainer: make the SIF from the built docker image envport/<name>:<hash12> "
+                   "(apptainer build docker-daemon://..., or envport's builder without %%post)")
     p.add_argument("--no-lock", action="store_true",
                    help="resolve every pip phase at build time even when specs/<name>.lock fits the spec "
                    "(another env, with another hash; the ledger records it). Without it a lock that does not "
@@ -107,9 +111,10 @@ def _build(args, loaded, site, root, identity, progress):
             remember(root, loaded.spec.name, args.site, identity.hash, identity.image_tag)
         return results
     if args.target == "apptainer":
-        from envport.build.apptainer import binary as apptainer
+        from envport.build.apptainer import builder as apptainer
 
-        return apptainer.build(loaded, site, root, rebuild=args.rebuild, progress=progress)
+        return apptainer.build(loaded, site, root, rebuild=args.rebuild, from_docker=args.from_docker,
+                               progress=progress)
     from envport.build import shell
 
     return shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,

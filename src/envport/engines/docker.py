@@ -213,3 +213,51 @@ def image_exists(image: str, docker: str = "docker") -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0
+
+class ExportError(Exception):
+    """An image could not be read out of the engine; the message says why and what to do."""
+
+
+def image_config(image: str, docker: str = "docker", timeout: float = 30) -> Optional[dict]:
+    """The image's config (Env, Labels, Entrypoint, Cmd, Id), or None when the engine lacks it."""
+    try:
+        out = subprocess.run([docker, "image", "inspect", "--format", "{{json .Config}}\t{{.Id}}", image],
+                             capture_output=True, text=True, timeout=timeout, env=cli_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    raw, _, image_id = out.stdout.strip().rpartition("\t")
+    config = json.loads(raw) or {}
+    return {"env": config.get("Env") or [], "labels": config.get("Labels") or {},
+            "entrypoint": config.get("Entrypoint") or [], "cmd": config.get("Cmd") or [], "id": image_id}
+
+
+def export_rootfs(image: str, dest: Path, docker: str = "docker") -> None:
+    """IMAGE's filesystem unpacked into DEST (`docker create` + `docker export | tar -x`).
+
+    The container is never started and is removed whatever happens; the engine's
+    /.dockerenv marker is dropped, since the tree is no longer a docker container."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    created = subprocess.run([docker, "create", image, "true"], capture_output=True, text=True, env=cli_env(),
+                             timeout=120)
+    if created.returncode != 0:
+        raise ExportError(f"docker create {image} failed: {created.stderr.strip()[-300:]}")
+    cid = created.stdout.strip()
+    try:
+        export = subprocess.Popen([docker, "export", cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=cli_env(), preexec_fn=_die_with_parent)
+        untar = subprocess.run(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", str(dest)],
+                               stdin=export.stdout, capture_output=True, text=True, preexec_fn=_die_with_parent)
+        export.stdout.close()
+        err = export.stderr.read().decode("utf-8", "replace")
+        export.stderr.close()
+        if export.wait() != 0:
+            raise ExportError(f"docker export of {image} failed: {err.strip()[-300:]}")
+        if untar.returncode != 0:
+            raise ExportError(f"unpacking {image} into {dest} failed: {untar.stderr.strip()[-300:]}")
+    finally:
+        subprocess.run([docker, "rm", "-f", cid], capture_output=True, env=cli_env(), timeout=120)
+    (dest / ".dockerenv").unlink(missing_ok=True)
+

@@ -369,10 +369,10 @@ def _descriptor(*, id: int, datatype: int, offset: int, size: int, padded: int, 
                            created, created, 0, 0, name.encode("utf-8"), extra)
 
 
-def _layout(deffile: bytes, metadata: bytes, squashfs_size: int) -> list[tuple[int, int, int]]:
-    """(offset, size, size with padding) of the def, the JSON and the partition."""
+def _layout(objects: list[bytes], squashfs_size: int) -> list[tuple[int, int, int]]:
+    """(offset, size, size with padding) of each data object, then of the partition."""
     spans, end = [], DATA_OFFSET
-    for size, align in ((len(deffile), 1), (len(metadata), 1), (squashfs_size, PARTITION_ALIGN)):
+    for size, align in [(len(o), 1) for o in objects] + [(squashfs_size, PARTITION_ALIGN)]:
         offset = -(-end // align) * align
         spans.append((offset, size, offset - end + size))
         end = offset + size
@@ -428,29 +428,34 @@ def _remove_stale_partials(target: Path) -> None:
 
 def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: bytes,
               squashfs_path: str | os.PathLike, created: int, uuid: bytes,
-              arch: str = "amd64") -> SifInfo:
+              arch: str = "amd64", extra_json: tuple[tuple[str, bytes], ...] = ()) -> SifInfo:
     """Assemble a SIF as `apptainer build` lays it out; the same inputs give the same bytes.
 
-    The file appears under PATH only when complete: it is written to a
-    hidden partial name in the same directory and renamed at the end."""
+    EXTRA_JSON adds named JSON.Generic objects after `inspect-metadata.json`
+    (apptainer itself adds `oci-config.json` the same way; readers look objects
+    up by name).  The file appears under PATH only when complete: it is
+    written to a hidden partial name in the same directory and renamed at the end."""
     path, squashfs_path = Path(path), Path(squashfs_path)
     if len(uuid) != 16:
         raise ValueError(f"uuid must be 16 bytes, got {len(uuid)}")
     if arch not in ARCH_CODES:
         raise ValueError(f"unknown SIF architecture {arch!r}; known: {', '.join(sorted(ARCH_CODES))}")
+    if len(extra_json) > DESCRIPTOR_SLOTS - 3:
+        raise ValueError(f"at most {DESCRIPTOR_SLOTS - 3} extra objects fit in the descriptor table")
     sq_size = _check_squashfs_input(squashfs_path)
-    spans = _layout(deffile, inspect_metadata, sq_size)
+    objects = [(DATA_DEFFILE, "", deffile), (DATA_GENERIC_JSON, "inspect-metadata.json", inspect_metadata)]
+    objects += [(DATA_GENERIC_JSON, name, data) for name, data in extra_json]
+    spans = _layout([o[2] for o in objects], sq_size)
     code = ARCH_CODES[arch] + b"\0"
-    table = b"".join([
-        _descriptor(id=1, datatype=DATA_DEFFILE, offset=spans[0][0], size=spans[0][1], padded=spans[0][2],
-                    created=created),
-        _descriptor(id=2, datatype=DATA_GENERIC_JSON, offset=spans[1][0], size=spans[1][1],
-                    padded=spans[1][2], created=created, name="inspect-metadata.json"),
-        _descriptor(id=3, datatype=DATA_PARTITION, offset=spans[2][0], size=spans[2][1], padded=spans[2][2],
-                    created=created, extra=PARTITION_EXTRA.pack(FS_SQUASHFS, PART_PRIMSYS, code)),
-    ]).ljust(DESCRIPTOR_SLOTS * DESCRIPTOR.size, b"\0")
+    entries = [_descriptor(id=i, datatype=dtype, offset=span[0], size=span[1], padded=span[2], created=created,
+                           name=name) for i, ((dtype, name, _), span) in enumerate(zip(objects, spans), start=1)]
+    part = spans[-1]
+    entries.append(_descriptor(id=len(objects) + 1, datatype=DATA_PARTITION, offset=part[0], size=part[1],
+                               padded=part[2], created=created,
+                               extra=PARTITION_EXTRA.pack(FS_SQUASHFS, PART_PRIMSYS, code)))
+    table = b"".join(entries).ljust(DESCRIPTOR_SLOTS * DESCRIPTOR.size, b"\0")
     header = HEADER.pack(LAUNCH_SCRIPT, MAGIC, VERSION, code, uuid, created, created,
-                         DESCRIPTOR_SLOTS - 3, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, len(table),
+                         DESCRIPTOR_SLOTS - len(entries), DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, len(table),
                          DATA_OFFSET, sum(s[2] for s in spans))
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(path)
@@ -458,12 +463,11 @@ def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: byte
     try:
         with open(partial, "wb") as out:
             out.write(header.ljust(DESCRIPTORS_OFFSET, b"\0") + table)
-            out.seek(spans[0][0])
-            out.write(deffile)
-            out.seek(spans[1][0])
-            out.write(inspect_metadata)
-            _copy_into(out, squashfs_path, spans[2][0], sq_size)
-            out.truncate(spans[2][0] + sq_size)
+            for (_, _, data), span in zip(objects, spans):
+                out.seek(span[0])
+                out.write(data)
+            _copy_into(out, squashfs_path, part[0], sq_size)
+            out.truncate(part[0] + sq_size)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(partial, 0o755)  # apptainer makes SIFs executable: the launch script runs them
@@ -472,3 +476,28 @@ def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: byte
         partial.unlink(missing_ok=True)
         raise
     return read_sif(path)
+
+
+def read_json_object(info: SifInfo, name: str) -> dict | None:
+    """The JSON.Generic object called NAME, parsed; None when the SIF has none by that name."""
+    import json
+
+    desc = info.find(datatype=DATA_GENERIC_JSON, name=name)
+    if desc is None:
+        return None
+    raw = read_object(info, desc)
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise SifError("corrupt_object", f"{info.path}: object {desc.id} ({name}) is not valid JSON ({exc}): "
+                                         "the file is damaged; rebuild it") from None
+    if not isinstance(value, dict):
+        raise SifError("corrupt_object", f"{info.path}: object {desc.id} ({name}) is not a JSON object")
+    return value
+
+
+def sif_labels(info: SifInfo) -> dict[str, str]:
+    """The image labels as `apptainer inspect` shows them: from inspect-metadata.json."""
+    meta = read_json_object(info, "inspect-metadata.json") or {}
+    labels = ((meta.get("data") or {}).get("attributes") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}

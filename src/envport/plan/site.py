@@ -43,9 +43,28 @@ class SshHost(_Model):
     connect_timeout: int = Field(default=5, ge=1, le=60)
 
 
+DEFAULT_SIF_DIR = ".cache/sif"
+
+
 class ApptainerDirs(_Model):
-    cachedir: Optional[str] = None
-    tmpdir: Optional[str] = None
+    cachedir: Optional[str] = Field(default=None, description="APPTAINER_CACHEDIR for `apptainer build`")
+    tmpdir: Optional[str] = Field(default=None, description="APPTAINER_TMPDIR for `apptainer build`")
+    sif_dir: str = Field(default=DEFAULT_SIF_DIR, description="where <name>-<hash12>.sif files live "
+                         "(relative to the project root, or absolute)")
+    compression: Literal["gzip", "zstd", "xz", "lz4", "lzo", "lzma"] = Field(
+        default="gzip", description="mksquashfs -comp for envport's .def builder (apptainer's default: gzip)")
+    local_bootstrap: Literal["docker-daemon", "localimage"] = Field(
+        default="docker-daemon", description="`Bootstrap:` for a base no registry serves (envport/* "
+        "images, or every base when `registry: false`): the local docker engine's image, or a "
+        "SIF/sandbox dir named in local_images")
+    local_images: dict[str, str] = Field(default={}, description="base image -> SIF file or sandbox "
+                                         "directory, for `local_bootstrap: localimage`")
+    build_dir: Optional[str] = Field(default=None, description="where envport's .def builder unpacks the "
+                                     "rootfs (default: /dev/shm when it has room, else <sif_dir>/.build)")
+
+    def sif_path(self, root: Path) -> Path:
+        path = Path(self.sif_dir).expanduser()
+        return path if path.is_absolute() else root / path
 
 
 class Site(_Model):
@@ -110,7 +129,9 @@ def apply_site(plan: Plan, site: Site) -> Plan:
     ca = site.ca_bytes()
     for step in plan.steps:
         if isinstance(step, BaseStep):
-            steps.append(dataclasses.replace(step, image=site.base_images.get(step.image, step.image)))
+            image = site.base_images.get(step.image, step.image)
+            bootstrap, source = bootstrap_for(site, image)
+            steps.append(dataclasses.replace(step, image=image, bootstrap=bootstrap, bootstrap_from=source))
             if ca:
                 steps.append(CaStep(CA_PATH_IN_ENV, hashlib.sha256(ca).hexdigest(), ca))
         elif isinstance(step, PipStep):
@@ -118,6 +139,32 @@ def apply_site(plan: Plan, site: Site) -> Plan:
         else:
             steps.append(step)
     return dataclasses.replace(plan, steps=tuple(steps))
+
+
+def apply_installer(plan: Plan, site: Site) -> Plan:
+    """A host build's plan keeps the host's own pip sources; only the site's installer reaches it."""
+    if site.installer == "pip":
+        return plan
+    return dataclasses.replace(plan, steps=tuple(
+        dataclasses.replace(s, installer=site.installer) if isinstance(s, PipStep) else s for s in plan.steps))
+
+
+def is_local_base(image: str) -> bool:
+    """envport/* bases are made on the host (`envport base`): no registry serves them."""
+    return image.startswith("envport/")
+
+
+def bootstrap_for(site: Site, image: str) -> tuple[str, str]:
+    """(`Bootstrap:`, `From:`) of the .def for this base at this site.
+
+    `Bootstrap: docker` makes apptainer pull the name from a registry, so a base
+    only the local engine holds needs `docker-daemon` (or `localimage` from a
+    SIF/sandbox the site names)."""
+    if not (is_local_base(image) or not site.registry):
+        return "docker", image
+    if site.apptainer.local_bootstrap == "localimage" and image in site.apptainer.local_images:
+        return "localimage", site.apptainer.local_images[image]
+    return "docker-daemon", image
 
 
 def apply_installer(plan: Plan, site: Site) -> Plan:

@@ -31,6 +31,11 @@ INSTALLERS = ("pip", "uv")
 class BaseStep:
     image: str
     kind: str = "base"
+    # How an Apptainer build fetches this base (`Bootstrap:`/`From:` of the .def), set by the
+    # site profile (plan/site.py); "" lets the renderer decide.  Where a base comes from is not
+    # what gets built, so both stay out of the content hash (_canonical).
+    bootstrap: str = field(default="", compare=False)
+    bootstrap_from: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,8 @@ class Plan:
 def _canonical(step: Step) -> dict:
     d = asdict(step)
     d.pop("data", None)
+    d.pop("bootstrap", None)
+    d.pop("bootstrap_from", None)
     for f in d.get("files", ()):
         f.pop("data", None)
     if d["kind"] == "pip":

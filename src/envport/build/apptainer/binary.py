@@ -1,9 +1,12 @@
-"""The apptainer builder: `apptainer build <name>-<hash12>.sif <name>.def`.
+"""The apptainer route: `apptainer build <name>-<hash12>.sif <name>.def` where the binary exists.
 
 The recipe is rendered from the site's plan into a temporary build context
-(shim files, CA bundle, wheelhouse).  Where the binary is absent (as on
-machines that cannot install it) the build is REFUSED with the fix, never
-faked.
+(shim files, CA bundle, wheelhouse); `--from-docker` builds from
+`docker-daemon://envport/<name>:<hash12>` instead.  `--fakeroot` when not
+root; APPTAINER_CACHEDIR / APPTAINER_TMPDIR from the site profile.  The SIF
+is written under a partial name and renamed only when apptainer succeeded.
+Never run on this project's machines (no apptainer can be installed here):
+its tests skip with that reason.
 """
 
 from __future__ import annotations
@@ -15,57 +18,52 @@ import tempfile
 import time
 from pathlib import Path
 
-from envport.recipe.identity import resolve
-from envport.spec.loader import Loaded
 from envport.core.progress import Progress, tail
-from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
 from envport.core.verdict import StepResult, Verdict
-
-SIF_DIR = Path(".cache") / "sif"
+from envport.recipe.identity import resolve
+from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
+from envport.spec.loader import Loaded
 
 
 def apptainer_binary() -> str | None:
     return shutil.which("apptainer") or shutil.which("singularity")
 
 
-
-def build(loaded: Loaded, site, root: Path, *, rebuild: bool = False, progress: Progress) -> list[StepResult]:
-    name = f"build {loaded.spec.name} (apptainer)"
+def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = False,
+          progress: Progress) -> list[StepResult]:
+    step = f"sif {sif.name}"
     binary = apptainer_binary()
-    if binary is None:
-        return [StepResult(name, Verdict.REFUSED,
-                           "no apptainer or singularity binary on this host; build on a host that has it "
-                           "(or a cluster login node), or use --target docker and `apptainer pull docker-daemon:...`",
-                           reason="no_apptainer")]
     resolved = resolve(loaded, site, "apptainer")
-    hash_ = resolved.hash
-    sif = root / SIF_DIR / resolved.identity.sif_name
-    if sif.is_file() and not rebuild:
-        return [StepResult(name, Verdict.PRESENT, str(sif), data={"sif": str(sif)})]
     plan = resolved.plan
-    rendering = render_plan(plan, hash_, ("apptainer",), site=site.name)
     start = time.monotonic()
+    env = dict(os.environ)
+    if site.apptainer.cachedir:
+        env["APPTAINER_CACHEDIR"] = site.apptainer.cachedir
+    if site.apptainer.tmpdir:
+        env["APPTAINER_TMPDIR"] = site.apptainer.tmpdir
+    sif.parent.mkdir(parents=True, exist_ok=True)
+    partial = sif.parent / f".{sif.name}.partial-{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="envport-apptainer-") as ctx:
-        for rel, (data, mode) in rendering.files.items():
-            path = Path(ctx) / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            os.chmod(path, mode)
-        if any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps):
-            shutil.copytree(site.wheelhouse_path(root, loaded.spec.name), Path(ctx) / WHEELHOUSE_CONTEXT_NAME)
-        env = dict(os.environ)
-        if site.apptainer.cachedir:
-            env["APPTAINER_CACHEDIR"] = site.apptainer.cachedir
-        if site.apptainer.tmpdir:
-            env["APPTAINER_TMPDIR"] = site.apptainer.tmpdir
-        sif.parent.mkdir(parents=True, exist_ok=True)
-        partial = sif.with_suffix(".partial.sif")
+        if from_docker:
+            source = f"docker-daemon://{resolved.identity.image_tag}"
+        else:
+            rendering = render_plan(plan, resolved.hash, ("apptainer",), site=site.name)
+            for rel, (data, mode) in rendering.files.items():
+                path = Path(ctx) / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                os.chmod(path, mode)
+            if any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps):
+                shutil.copytree(site.wheelhouse_path(root, loaded.spec.name), Path(ctx) / WHEELHOUSE_CONTEXT_NAME)
+            source = f"{loaded.spec.name}.def"
         argv = [binary, "build", "--force"] + ([] if os.geteuid() == 0 else ["--fakeroot"]) + \
-            [str(partial), f"{loaded.spec.name}.def"]
+            [str(partial), source]
         progress(f"envport: [apptainer] {' '.join(argv)}")
         proc = subprocess.run(argv, cwd=ctx, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        return [StepResult(name, Verdict.FAILED, "apptainer build failed", lines=tail(proc.stdout + proc.stderr),
-                           seconds=time.monotonic() - start)]
+        partial.unlink(missing_ok=True)
+        return [StepResult(step, Verdict.FAILED, "apptainer build failed; no SIF was written",
+                           lines=tail(proc.stdout + proc.stderr), seconds=time.monotonic() - start)]
     partial.replace(sif)
-    return [StepResult(name, Verdict.OK, str(sif), seconds=time.monotonic() - start, data={"sif": str(sif)})]
+    return [StepResult(step, Verdict.OK, str(sif), seconds=time.monotonic() - start,
+                       data={"sif": str(sif), "route": "apptainer", "size": sif.stat().st_size})]

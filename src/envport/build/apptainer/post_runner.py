@@ -180,12 +180,15 @@ def _host_file(path: str) -> str:
 
 def bwrap_argv(bwrap: str, root: Path) -> list[str]:
     """The sandbox: ROOT as /, fresh /proc and minimal /dev, read-only /sys, the host's DNS files,
-    empty /tmp and /var/tmp, a clean environment; dies with its parent."""
+    empty world-writable /tmp and /var/tmp, a clean environment; dies with its parent."""
     argv = [bwrap, "--unshare-pid", "--die-with-parent", "--new-session",
             "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys",
             "--ro-bind", _host_file("/etc/resolv.conf"), "/etc/resolv.conf",
             "--ro-bind", _host_file("/etc/hosts"), "/etc/hosts",
-            "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--chdir", "/", "--clearenv"]
+            # 1777 as the host's /tmp that apptainer binds there: apt's `_apt` sandbox user writes
+            # its temporary files to /tmp (measured: a 0755 tmpfs failed `apt-get update`).
+            "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/var/tmp",
+            "--chdir", "/", "--clearenv"]
     env = dict(BUILD_ENV)
     env.update({k: os.environ[k] for k in PASS_ENV if k in os.environ})
     for key in sorted(env):

@@ -1,0 +1,347 @@
+"""`envport build NAME --target apptainer`: the SIF `<name>-<hash12>.sif`, by one of three routes.
+
+1. apptainer (or singularity) on PATH: `apptainer build` of the rendered .def
+   (binary.py), or of `docker-daemon://<image>` with `--from-docker`.
+2. otherwise envport's own .def builder, which EXECUTES the rendered .def:
+   the base rootfs as its `Bootstrap:` asks (bootstrap.py), `/.singularity.d`
+   laid down (singularity_d.prepare_rootfs), `%files` copied and `%post` run
+   under `/bin/sh -ex` in a bwrap sandbox that dies with envport
+   (post_runner.py), the metadata written after %post (finish_rootfs),
+   mksquashfs with apptainer's defaults (`-noappend -comp gzip`, the site may
+   choose another compressor), and the SIF assembled (engines/sif.write_sif):
+   Def.FILE, JSON.Generic `inspect-metadata.json` read back from the finished
+   tree, JSON.Generic `envport-spec.json` (the resolved spec, so `envport
+   inspect` can diff it), and the primary squashfs partition.
+3. `--from-docker` without apptainer: the same SIF layout from the built docker
+   image's rootfs (no %post: the image is already built).
+
+`present` only when the file exists AND its labels (inspect-metadata.json)
+carry the env's hash.  Nothing is ever left under the final name by a build
+that did not finish: the SIF is written under a hidden partial name and
+renamed; the rootfs lives in a work directory named by this process's pid,
+and a later run deletes work directories whose process is gone (never one
+with a mount under it) instead of reusing them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+from envport import __version__
+from envport.build.apptainer import bootstrap as boot
+from envport.build.apptainer.deffile import DefError, DefFile, parse_def
+from envport.build.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
+from envport.build.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
+from envport.core.progress import Progress, tail
+from envport.core.verdict import StepResult, Verdict
+from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, sif_labels, write_sif
+from envport.plan.site import Site
+from envport.recipe.identity import resolve
+from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
+from envport.spec.loader import Loaded
+
+TARGET = "apptainer"
+SPEC_OBJECT = "envport-spec.json"
+WORK_PREFIX = "envport-sif-"
+# /dev/shm unpacks and squashes a rootfs several times faster than disk here (the test fixture
+# measured 7 s against 80 s); used only when it leaves this much room after the build.
+SHM = Path("/dev/shm")
+SHM_MIN_FREE = 8 << 30
+DEBIAN_PACKAGES = {"bwrap": "bubblewrap", "mksquashfs": "squashfs-tools", "unsquashfs": "squashfs-tools"}
+
+
+def sif_path(site: Site, root: Path, identity) -> Path:
+    return site.apptainer.sif_path(root) / identity.sif_name
+
+
+def present(sif: Path, hash_: str) -> Optional[dict]:
+    """{sif, size, labels} when SIF exists and its labels carry HASH; None otherwise (checked, not assumed)."""
+    try:
+        info = read_sif(sif)
+        labels = sif_labels(info)
+    except SifError:
+        return None
+    if labels.get("envport.hash") != hash_:
+        return None
+    return {"sif": str(sif), "size": info.file_size}
+
+
+def _die_with_parent() -> None:
+    # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, from_docker: bool = False,
+          progress: Progress) -> list[StepResult]:
+    """Build (or find) the env's SIF; each step's StepResult, stopping at the first not ok."""
+    from envport.build.apptainer import binary
+
+    resolved = resolve(loaded, site, TARGET)
+    sif = sif_path(site, root, resolved.identity)
+    step = f"sif {sif.name}"
+    t0 = time.monotonic()
+    if not rebuild:
+        hit = present(sif, resolved.hash)
+        if hit is not None:
+            return [StepResult(step, Verdict.PRESENT, f"{sif} ({_size(hit['size'])})",
+                               seconds=time.monotonic() - t0, data={**hit, "route": "present"})]
+        if sif.exists():
+            progress(f"envport: [apptainer] {sif} exists but its labels do not carry envport.hash="
+                     f"{resolved.hash[:12]}...; rebuilding")
+    if binary.apptainer_binary() and os.environ.get("ENVPORT_SIF_BUILDER") != "envport":
+        return binary.build(loaded, site, root, sif, from_docker=from_docker, progress=progress)
+    return SifBuild(loaded, site, root, resolved, sif, progress).run(from_docker)
+
+
+class SifBuild:
+    """envport's own builder: one run, one work directory, removed at the end whatever happens."""
+
+    def __init__(self, loaded: Loaded, site: Site, root: Path, resolved, sif: Path, progress: Progress):
+        self.loaded, self.site, self.root, self.resolved, self.sif = loaded, site, root, resolved, sif
+        self.progress = progress
+        self.step = f"sif {sif.name}"
+        self.timings: dict[str, float] = {}
+        self.created = int(os.environ.get("SOURCE_DATE_EPOCH") or time.time())
+
+    def say(self, line: str) -> None:
+        self.progress(f"envport: [apptainer] {line}")
+
+    def refused(self, reason: str, detail: str, fix: str = "") -> list[StepResult]:
+        return [StepResult(self.step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"] if fix else [])]
+
+    def run(self, from_docker: bool) -> list[StepResult]:
+        start = time.monotonic()
+        missing = self._missing_tools(from_docker)
+        if missing:
+            return missing
+        results: list[StepResult] = []
+        if not from_docker:
+            try:
+                self.deffile = self._render_def()
+                boot.check(self.deffile, self.site)
+            except DefError as exc:
+                return [StepResult(self.step, Verdict.FAILED, f"the rendered .def does not parse: {exc}")]
+            except boot.BootstrapRefused as exc:
+                return [StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)]
+        if not from_docker and any(s.kind == "pip" and s.uses_wheelhouse for s in self.resolved.plan.steps):
+            from envport.build.wheelhouse import ensure_wheelhouse
+
+            results.append(ensure_wheelhouse(self.loaded, self.site, self.root, self.progress))
+            if not results[-1].verdict.ok:
+                return results
+        work = self._work_dir()
+        try:
+            result = self._from_docker(work) if from_docker else self._from_def(work)
+        finally:
+            self._cleanup(work)
+        result.seconds = time.monotonic() - start
+        if result.verdict.ok:
+            result.data["timings"] = {k: round(v, 3) for k, v in self.timings.items()}
+            result.data["work_dir"] = str(work.parent)
+        return results + [result]
+
+    # --- host checks and work directory -----------------------------------------
+
+    def _missing_tools(self, from_docker: bool) -> list[StepResult]:
+        if os.geteuid() != 0:
+            return self.refused("not_root", "envport's .def builder runs %post as root, the way apptainer's own "
+                                "root builds do, and no apptainer is on PATH for a --fakeroot build",
+                                "run as root, or build where apptainer is installed")
+        needed = ["mksquashfs"] + ([] if from_docker else ["bwrap"])
+        absent = [t for t in needed if shutil.which(t) is None]
+        if absent:
+            pkgs = " ".join(sorted({DEBIAN_PACKAGES[t] for t in absent}))
+            return self.refused("missing_tool", f"{', '.join(absent)} not found: envport's .def builder needs "
+                                f"them where apptainer is absent", f"apt-get install {pkgs}")
+        return []
+
+    def _work_base(self) -> Path:
+        if self.site.apptainer.build_dir:
+            return Path(self.site.apptainer.build_dir).expanduser()
+        try:
+            st = os.statvfs(SHM)
+            if st.f_bavail * st.f_frsize >= SHM_MIN_FREE:
+                return SHM
+        except OSError:
+            pass
+        return self.sif.parent / ".build"
+
+    def _work_dir(self) -> Path:
+        base = self._work_base()
+        base.mkdir(parents=True, exist_ok=True)
+        for stale in base.glob(f"{WORK_PREFIX}*"):
+            pid = stale.name.rsplit(".", 1)[-1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                self.say(f"removing {stale} (left by a build that did not finish; never reused)")
+                try:
+                    remove_rootfs(stale)
+                except RunnerError as exc:
+                    self.say(f"cannot remove it: {exc}")
+        work = base / f"{WORK_PREFIX}{self.resolved.identity.name}-{self.resolved.identity.hash12}.{os.getpid()}"
+        if work.exists():
+            remove_rootfs(work)
+        work.mkdir(mode=0o700)
+        return work
+
+    def _cleanup(self, work: Path) -> None:
+        try:
+            remove_rootfs(work)
+        except RunnerError as exc:
+            self.say(f"left {work}: {exc}")
+
+    # --- the .def route ---------------------------------------------------------
+
+    def _render_def(self) -> DefFile:
+        self.rendering = render_plan(self.resolved.plan, self.resolved.hash, (TARGET,), site=self.site.name)
+        def_name = f"{self.loaded.spec.name}.def"
+        return parse_def(self.rendering.files[def_name][0].decode("utf-8"), def_name)
+
+    def _context(self, work: Path) -> Path:
+        """The rendered .def and the files its %files copy, as `apptainer build` would find them."""
+        plan = self.resolved.plan
+        context = work / "context"
+        for rel, (data, mode) in self.rendering.files.items():
+            path = context / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            os.chmod(path, mode)
+        if any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps):
+            src = self.site.wheelhouse_path(self.root, self.loaded.spec.name)
+            dest = context / WHEELHOUSE_CONTEXT_NAME
+            dest.mkdir()
+            for wheel in sorted(src.iterdir()):
+                if wheel.is_file() and not wheel.name.startswith("."):
+                    _link_or_copy(wheel, dest / wheel.name)
+        return context
+
+    def _from_def(self, work: Path) -> StepResult:
+        t = time.monotonic()
+        deffile = self.deffile
+        context = self._context(work)
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        try:
+            base = boot.bootstrap(deffile, rootfs, self.site, progress=self.progress)
+        except boot.BootstrapRefused as exc:
+            return StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)
+        self.timings["bootstrap"] = time.monotonic() - t
+        if not (rootfs / ".singularity.d" / "env").is_dir():
+            prepare_rootfs(rootfs, image_env=base.env, image_labels=base.labels, entrypoint=base.entrypoint,
+                           cmd=base.cmd)
+        t = time.monotonic()
+        try:
+            copied = copy_files(deffile, rootfs, context)
+            self.say(f"%files: {len(copied)} cop{'y' if len(copied) == 1 else 'ies'}")
+            post = run_post(deffile, rootfs, on_line=self._post_line)
+        except RunnerError as exc:
+            verdict = Verdict.REFUSED if exc.reason in ("not_root", "missing_tool") else Verdict.FAILED
+            return StepResult(self.step, verdict, exc.message, reason=exc.reason if verdict is Verdict.REFUSED else "")
+        self.timings["post"] = time.monotonic() - t
+        if not post.ok:
+            where = f"step {post.step.n}/{post.step.total} {post.step.title}" if post.step else "%post"
+            how = "timed out" if post.timed_out else f"exited {post.rc}"
+            return StepResult(self.step, Verdict.FAILED, f"%post {how} in {where}; no SIF was written",
+                              lines=list(post.tail)[-30:],
+                              data={"failed_step": post.step.marker if post.step else None})
+        return self._assemble(work, rootfs, deffile, base)
+
+    def _post_line(self, line: str) -> None:
+        from envport.build.apptainer.deffile import match_step
+
+        found = match_step(line)
+        if found:
+            self.say(f"%post step {found[0]}/{found[1]} {found[2]}")
+
+    # --- the --from-docker route ------------------------------------------------
+
+    def _from_docker(self, work: Path) -> StepResult:
+        tag = self.resolved.identity.image_tag
+        text = f"Bootstrap: docker-daemon\nFrom: {tag}\n"
+        deffile = parse_def(text, f"docker-daemon:{tag}")
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        t = time.monotonic()
+        try:
+            base = boot.bootstrap(deffile, rootfs, self.site, progress=self.progress)
+        except boot.BootstrapRefused as exc:
+            if exc.reason == "base_image_missing":
+                return StepResult(self.step, Verdict.REFUSED, f"--from-docker: image {tag} is not in the docker "
+                                  "engine", reason="image_missing",
+                                  lines=[f"fix: envport build {self.loaded.spec.name} --target docker"])
+            return StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)
+        self.timings["bootstrap"] = time.monotonic() - t
+        prepare_rootfs(rootfs, image_env=base.env, image_labels=base.labels, entrypoint=base.entrypoint,
+                       cmd=base.cmd)
+        return self._assemble(work, rootfs, deffile, base)
+
+    # --- metadata, squashfs, SIF ------------------------------------------------
+
+    def _assemble(self, work: Path, rootfs: Path, deffile: DefFile, base: boot.Base) -> StepResult:
+        hash_ = self.resolved.hash
+        finished = finish_rootfs(rootfs, deffile, created=self.created, arch=host_arch())
+        if finished.labels.get("envport.hash") != hash_:
+            return StepResult(self.step, Verdict.FAILED, f"the finished image's labels carry envport.hash="
+                              f"{finished.labels.get('envport.hash')!r}, not {hash_[:12]}...; no SIF was written")
+        metadata = inspect_metadata_for_root(rootfs)
+        squashfs = work / "rootfs.sqfs"
+        comp = self.site.apptainer.compression
+        self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)})")
+        t = time.monotonic()
+        proc = subprocess.run(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
+                               "-no-progress", "-quiet"], capture_output=True, text=True,
+                              preexec_fn=_die_with_parent)
+        self.timings["mksquashfs"] = time.monotonic() - t
+        if proc.returncode != 0:
+            return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {proc.returncode}; no SIF was written",
+                              lines=tail(proc.stdout + proc.stderr))
+        t = time.monotonic()
+        info = write_sif(self.sif, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
+                         squashfs_path=squashfs, created=self.created,
+                         uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
+                         arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base)),))
+        self.timings["assemble"] = time.monotonic() - t
+        return StepResult(self.step, Verdict.OK, f"{self.sif} ({_size(info.file_size)}, squashfs {comp})",
+                          data={"sif": str(self.sif), "size": info.file_size, "route": "envport",
+                                "compression": comp, "base": base.source,
+                                "ignored_labels": list(finished.ignored_labels)})
+
+    def _spec_json(self, base: boot.Base) -> bytes:
+        doc = {"envport_version": __version__, "name": self.loaded.spec.name, "hash": self.resolved.hash,
+               "site": self.site.name, "base": base.source,
+               "spec": self.loaded.spec.model_dump(mode="json")}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def _tree_size(root: Path) -> str:
+    proc = subprocess.run(["du", "-sx", "--block-size=1", str(root)], capture_output=True, text=True)
+    m = re.match(r"(\d+)", proc.stdout)
+    return _size(int(m.group(1))) if m else "size unknown"
+
+
+def embedded_spec(sif: Path) -> Optional[dict]:
+    """The resolved spec envport embedded in SIF, or None (a SIF apptainer built has none)."""
+    return read_json_object(read_sif(sif), SPEC_OBJECT)
