@@ -140,6 +140,10 @@ def _direct_url(value: str, url: str) -> None:
     if not DIRECT_URL_RE.match(url):
         raise ValueError(f"{value!r}: a direct reference must be git+https://, git+ssh://, git+file://, https:// "
                          "or file:// without quotes, spaces or '$'")
+    if url.startswith("git+") and url.split("://", 1)[1].startswith("/"):
+        # pip < 24 (the one `python3 -m venv` bundles) refuses a VCS URL without a host: "Invalid requirement".
+        raise ValueError(f"{value!r}: a git URL needs a host; for a local repository write "
+                         "git+file://localhost/PATH")
     if not url.startswith("git+") and not re.search(r"#sha256=[0-9a-f]{64}$", url):
         raise ValueError(f"{value!r}: an archive URL must end in #sha256=<64 hex digits> so pip checks "
                          "what it downloads (sha256sum the file)")
