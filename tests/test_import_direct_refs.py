@@ -1,0 +1,126 @@
+"""Direct references (`name @ git+…@<commit>`, `name @ file:///…whl#sha256=…`): render, build, verify.
+
+No network: the git repo is a local one made here (`git init` + a tiny
+setuptools project, installed through `git+file://`), the wheel is written
+here with its sha256.  The venv target is enough to prove build + verify
+(verify's pin checks read the installed version and, for a git commit,
+direct_url.json's commit_id); the builds go to a temporary ENVPORT_ENVS_DIR.
+Building the git project needs setuptools in pip's isolated build env: the
+host's pip configuration supplies it from its local index (RECIPES.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from envport.spec.model import PipPhase, direct_ref, requirement_warnings
+from envport.spec.loader import load_spec
+
+BUILD_TIMEOUT = 600
+
+
+def make_git_project(root: Path) -> str:
+    """A one-module setuptools project committed to a local git repo; returns the commit sha."""
+    root.mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "tinygit"\nversion = "0.3"\n\n[tool.setuptools]\npy-modules = ["tinygit"]\n')
+    (root / "tinygit.py").write_text("VALUE = 'from git'\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "."], ["git", "commit", "-q", "-m", "one"]):
+        subprocess.run(argv, cwd=root, check=True, env=env)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def make_wheel(dest_dir: Path, name: str = "tinywheel", version: str = "0.2") -> Path:
+    """A real (minimal) wheel: module, METADATA, WHEEL, RECORD."""
+    files = {f"{name}.py": b"VALUE = 'from a wheel'\n",
+             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                  b"Tag: py3-none-any\n"}
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{name}-{version}.dist-info/RECORD,,")
+    files[f"{name}-{version}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = dest_dir / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+def envport(*args: str, root: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "envport", "-C", str(root), *args], capture_output=True, text=True,
+                          env=env, timeout=BUILD_TIMEOUT)
+
+
+def test_direct_references_validate_and_a_branch_ref_warns():
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    for text in (f"openfold @ git+https://github.com/aqlaboratory/openfold@{sha}",
+                 "w @ https://example.org/w-1.0-py3-none-any.whl#sha256=" + "a" * 64):
+        assert PipPhase(packages=[text]).packages == [text]
+    assert direct_ref(f"a @ git+https://x/a.git@{sha}") == ("git", f"git+https://x/a.git@{sha}", sha)
+    with pytest.raises(ValueError, match="must end in #sha256="):
+        PipPhase(packages=["w @ https://example.org/w-1.0-py3-none-any.whl"])
+    with pytest.raises(ValueError, match="direct reference must be"):
+        PipPhase(packages=["w @ ftp://example.org/w.whl"])
+    with pytest.raises(ValueError, match="git\\+file://localhost/PATH"):
+        PipPhase(packages=[f"a @ git+file:///srv/a@{sha}"])
+
+
+def test_branch_ref_warning_names_the_risk(tmp_path: Path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "b.yaml").write_text(
+        'name: b\nbase: debian:bookworm-slim\npython: "3.11"\n'
+        'pip_phases:\n  - ["tool @ git+https://github.com/example/tool@main", "x @ git+https://github.com/e/x"]\n')
+    warnings = requirement_warnings(load_spec("b", tmp_path).spec)
+    assert [w[0] for w in warnings] == ["pip_phases[0].packages[0]", "pip_phases[0].packages[1]"]
+    assert "ref 'main' is not a full commit sha" in warnings[0][1]
+    assert "no ref (the default branch)" in warnings[1][1]
+    assert "the content hash does not" in warnings[0][1]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to make the local repository")
+def test_direct_references_render_build_and_verify(tmp_path: Path):
+    sha = make_git_project(tmp_path / "repo")
+    wheel = make_wheel(tmp_path)
+    wheel_sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    git_req = f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{sha}"
+    wheel_req = f"tinywheel @ file://{wheel}#sha256={wheel_sha}"
+    project = tmp_path / "project"
+    (project / "specs").mkdir(parents=True)
+    (project / "specs" / "refs.yaml").write_text(
+        f'name: refs\nbase: debian:bookworm-slim\npython: "3.11"\n'
+        f'pip_phases:\n  - ["{git_req}"]\n  - ["{wheel_req}"]\n'
+        f'witnesses:\n  imports: [tinygit, tinywheel]\n')
+    env = {**os.environ, "ENVPORT_ENVS_DIR": str(tmp_path / "envs"), "ENVPORT_STATE_DIR": str(tmp_path / "state")}
+
+    render = envport("render", "refs", root=project, env=env)
+    assert render.returncode == 0, render.stdout + render.stderr
+    images = project / "images" / "refs"
+    for recipe in ("Dockerfile", "refs.def", "setup-venv.sh", "setup-conda.sh"):
+        text = (images / recipe).read_text()
+        # Every renderer passes the requirement as one shell-quoted word.
+        assert f"'{git_req}'" in text, recipe
+        assert f"'{wheel_req}'" in text, recipe
+
+    build = envport("build", "refs", "--target", "venv", root=project, env=env)
+    assert build.returncode == 0, build.stdout + build.stderr
+    verify = envport("verify", "refs", "--target", "venv", root=project, env=env)
+    out = verify.stdout + verify.stderr
+    assert verify.returncode == 0, out
+    assert f"pip[tinygit@{sha}]" in out, out
+    assert "pip[tinywheel==0.2]" in out, out
