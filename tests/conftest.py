@@ -7,9 +7,17 @@ The service markers (docker, slurm, ssh) are derived here from the fixtures a te
 a test that does not use the service's fixture is a collection error, for the same reason.
 """
 
+import os
+
+import tempfile
+
 import pytest
 
 pytest_plugins = ["tests.services", "tests.fixtures"]
+
+# demo-cpu pins a weight: every `envport` run of the tests reads it from one throwaway weights root,
+# fetched once per session by the spec's own source command (the `demo_weights` fixture).
+os.environ.setdefault("ENVPORT_WEIGHTS_DIR", tempfile.mkdtemp(prefix="envport-test-weights-"))
 
 # marker -> the session fixture through which every test reaches that service
 # (demo_image, base_image, throwaway_images use docker_client; ssh_venv uses ssh_host).
@@ -29,3 +37,16 @@ def pytest_collection_modifyitems(config, items):
     if wrong:
         raise pytest.UsageError("service markers that match no fixture (drop the marker, or reach the "
                                 "service through its fixture):\n  " + "\n  ".join(wrong))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_weights():
+    """demo-cpu's pinned weight under ENVPORT_WEIGHTS_DIR (0.1 s: a seeded 4 KiB file), before any test runs."""
+    from envport.build.weights import fetch, weights_root
+    from envport.spec.loader import load_spec
+
+    from .support import ENV_NAME, REPO
+
+    result = fetch(load_spec(ENV_NAME, REPO), weights_root())
+    assert result.verdict.ok, result.line() + "\n" + "\n".join(result.lines)
+    return weights_root()

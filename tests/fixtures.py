@@ -87,6 +87,10 @@ def ssh_venv(session_project, ssh_host) -> BuiltVenv:
         assert proc.returncode == 0, fail_with(proc, "envport build --target venv --host test")
         last = as_json(proc)["steps"][-1]
         assert last["verdict"] == "OK", f"a fresh folder must be built, not {last['verdict']}: {last}"
+        # The weights where the env on the host reads them (~/.envport/weights there): verify checks them.
+        proc = run_envport("weights", "stage", ENV_NAME, "--host", "test", root=session_project, env=cli_env(),
+                           timeout=300)
+        assert proc.returncode == 0, fail_with(proc, "envport weights stage --host test")
         yield BuiltVenv(session_project, f"{envs_dir}/{ENV_NAME}", envs_dir, host="test")
     finally:
         subprocess.run(ssh_host.argv(f"rm -rf {shlex.quote(envs_dir)}"), capture_output=True, timeout=120)

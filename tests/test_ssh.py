@@ -101,7 +101,7 @@ def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):
     assert result["verdict"] == "OK", result
     checks = {c["id"]: c["outcome"] for c in result["data"]["checks"]}
     for cid in ("pip[torch==2.13.0]", "pip[six==1.16.0]", "python[3.11]", "env[DEMO_GREETING]",
-                "file[/opt/demo/run.py]", "weight[tiny:/weights/tiny]", "label[envport.hash]"):
+                "env[DEMO_WEIGHTS]", "file[/opt/demo/run.py]", "weight[tiny/tiny.f32]", "label[envport.hash]"):
         assert checks.get(cid) == "passed", (cid, checks)
     assert result["data"]["prefix"] == ssh_venv.prefix and result["data"]["ssh_host"] == "test"
     ledger = json.loads((ssh_venv.root / "images" / ENV_NAME / "ledger.json").read_text())["records"]

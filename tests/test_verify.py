@@ -53,7 +53,7 @@ def test_demo_cpu_verifies(demo_image, docker_client, user_test):
     assert step["verdict"] == "OK"
     checks = {c["id"]: c for c in step["data"]["checks"]}
     assert {"pip[torch==2.13.0]", "pip[six==1.16.0]", "python[3.11]", "env[DEMO_GREETING]", "env[OMP_NUM_THREADS]",
-            "file[/opt/demo/run.py]", "weight[tiny:/weights/tiny]", "label[envport.hash]"} <= set(checks)
+            "env[DEMO_WEIGHTS]", "file[/opt/demo/run.py]", "weight[tiny/tiny.f32]", "label[envport.hash]"} <= set(checks)
     assert all(c["outcome"] == "passed" for c in checks.values()), checks
     # The user's test ran against the same container; the other env's test was deselected.
     user = [c for i, c in checks.items() if i.startswith("tests/images/test_demo_extra.py::test_demo_script_runs")]

@@ -69,7 +69,7 @@ def run(args) -> int:
     loaded = load_one(args, args.name)
     spec = loaded.spec
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
-                          deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None)
+                          deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None, weights=True)
     identity = resolve(loaded, load_site(args.site, loaded.root), args.target).identity
     launcher, facts = _launcher(args, loaded, identity, opts)
 
