@@ -80,11 +80,20 @@ def detect(path: Path, text: str) -> str:
         return "def"
     if re.search(r"(?m)^dependencies\s*:", text):
         return "conda"
-    words = [ln.split()[0] for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if words and all(re.match(r"^(-[a-z-]+|[A-Za-z0-9][A-Za-z0-9._\[\],-]*([<>=!~@ ]|$))", ln.strip())
-                     for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")):
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if lines and all(ln.startswith("-") or _is_requirement(ln) for ln in lines[:200]):
         return "requirements"
     return "shell"
+
+
+def _is_requirement(line: str) -> bool:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        Requirement(line.split(" #", 1)[0].split(" --", 1)[0].strip())
+    except InvalidRequirement:
+        return False
+    return True
 
 
 def read(path: Path, kind: Optional[str], context_dir: Optional[Path]) -> tuple[str, Draft]:
