@@ -211,13 +211,14 @@ def test_a_good_spec_next_to_a_bad_one_is_not_written(tmp_path: Path):
         snapshot(root / "images" / "demo-cpu"))
 
 
-@pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe not utf-8\n"], ids=["zero-bytes", "blank", "not-utf8"])
-def test_files_without_a_spec(tmp_path: Path, content: bytes):
+@pytest.mark.parametrize("content, where", [(b"", ""), (b"\n\n", ""), (b"a: 1\n\xff\xfe not utf-8\n", ":2")],
+                         ids=["zero-bytes", "blank", "not-utf8"])
+def test_files_without_a_spec(tmp_path: Path, content: bytes, where: str):
     root = make_project(tmp_path)
     spec = root / "specs" / "nothing.yaml"
     spec.write_bytes(content)
     before = snapshot(root / "images")
     for proc in run_many(root, ["validate", str(spec)], ["render", str(spec)]):
         assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert proc.stderr.startswith(f"{spec}: <top>: "), proc.stderr
+        assert proc.stderr.startswith(f"{spec}{where}: <top>: "), proc.stderr
     assert snapshot(root / "images") == before

@@ -51,7 +51,7 @@ def test_every_artefact_carries_the_resolved_identity(project, tmp_path):
                                  "--dry-run", "--json", root=project).stdout)
     assert job["hash"] == ident.hash and ident.image_tag in job["script"]
 
-    # the ledger key (the ledger is written into the project copy here, never the checkout)
+    # the ledger key (the ledger lives in the user's state dir, keyed by this project copy)
     from envport.core.verdict import StepResult, Verdict
 
     rec = ledger.record(project, loaded.spec, kind="build", target="venv", hash_=ident.hash,

@@ -64,7 +64,7 @@ from envport.spec.loader import Loaded
 from envport.plan.steps import make_plan
 from envport.recipe.render import render_plan, render_spec
 from envport.renderers import RENDERER_VERSION
-from envport.spec.model import SHELL_MANAGED_ENV, Spec, canonical_name
+from envport.spec.model import BUILD_BREAKING_ENV, SHELL_MANAGED_ENV, Spec, canonical_name
 from envport.recipe.identity import portable
 
 from .support import REPO
@@ -117,7 +117,8 @@ env_key = st.one_of(
                      "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "BASH_ENV", "ENV", "IFS", "CDPATH",
                      "POSIXLY_CORRECT", "PWD", "OLDPWD", "HOSTNAME", "TZ"]),
     word(LOWER + UPPER + "_", LOWER + UPPER + DIGITS + "_", 12),
-).filter(lambda k: k not in SHELL_MANAGED_ENV and k not in PROMPT_VARS and not k.startswith("ENVPORT_"))
+).filter(lambda k: k not in SHELL_MANAGED_ENV and k not in BUILD_BREAKING_ENV and k not in PROMPT_VARS
+          and not k.startswith("ENVPORT_"))
 label_key = word(LOWER + DIGITS, LOWER + DIGITS + "._-", 20).filter(lambda k: not k.startswith("envport."))
 
 path_chars = "ABCxyz019 ._+@=,%-"

@@ -74,7 +74,9 @@ def test_hf_token_never_reaches_the_image(docker_client, base_image, project, th
     loaded = load_spec(name, project)
     for rel, (data, _) in render_plan(apply_site(make_plan(loaded), site), "0" * 64, ("docker",)).files.items():
         assert not _leaks(data, needle), f"token in rendered {rel}"
-    ledger = (project / "images" / name / "ledger.json").read_bytes()
+    from envport.report import ledger as envport_ledger
+    ledger = envport_ledger.ledger_path(project, name).read_bytes()
     assert not _leaks(ledger, needle)
     assert b'"image_id"' in ledger  # the build was recorded, without the token
+    envport_ledger.write_doc(project, name, envport_ledger.read(project, name))
     assert not _leaks((project / "docs" / "envs" / f"{name}.md").read_bytes(), needle)

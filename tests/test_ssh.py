@@ -104,7 +104,8 @@ def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):
                 "env[DEMO_WEIGHTS]", "file[/opt/demo/run.py]", "weight[tiny/tiny.f32]", "label[envport.hash]"):
         assert checks.get(cid) == "passed", (cid, checks)
     assert result["data"]["prefix"] == ssh_venv.prefix and result["data"]["ssh_host"] == "test"
-    ledger = json.loads((ssh_venv.root / "images" / ENV_NAME / "ledger.json").read_text())["records"]
+    from envport.report import ledger as envport_ledger
+    ledger = envport_ledger.read(ssh_venv.root, ENV_NAME)  # this user's state dir, not the checkout
     assert any(r["kind"] == "verify" and r.get("ssh_host") == "test" and r["verdict"] == "OK" for r in ledger)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import xml.etree.ElementTree as ET
 
@@ -65,7 +64,8 @@ def test_demo_cpu_verifies(demo_image, docker_client, user_test):
     assert int(suite.get("tests")) == len(checks) and suite.get("failures") == "0" and suite.get("errors") == "0"
     names = {tc.get("name") for tc in suite.iter("testcase")}
     assert "pip[torch==2.13.0]" in names and "env[DEMO_GREETING]" in names
-    ledger = json.loads((root / "images" / "demo-cpu" / "ledger.json").read_text())["records"]
+    from envport.report import ledger as envport_ledger
+    ledger = envport_ledger.read(root, "demo-cpu")  # this user's state dir, not the checkout
     rec = [r for r in ledger if r["kind"] == "verify"][-1]
     assert rec["verdict"] == "OK" and rec["target"] == "docker" and rec["image_id"] == demo_image.id
     assert len(rec["checks"]) == len(checks) and rec["size"] > 0

@@ -122,11 +122,15 @@ def test_cli_venv_target_json_and_ledger(wit_project):
     assert set(steps) == {"python", "import torch", next(k for k in steps if k.startswith("cli ")),
                           "kernel", "collectives (world 2)"}
     assert all(s["verdict"] == "OK" for s in steps.values()), steps
-    ledger = json.loads((wit_project / "images" / "wit-cpu" / "ledger.json").read_text())
-    rec = ledger["records"][-1]
+    from envport.report import ledger
+    rec = ledger.read(wit_project, "wit-cpu")[-1]
     assert rec["kind"] == "witness" and rec["target"] == "venv" and rec["verdict"] == "OK"
     assert rec["hash"] == data["hash"]
     assert [(s["step"], s["verdict"]) for s in rec["steps"]] == [(s["step"], s["verdict"]) for s in data["steps"]]
+    # Nothing is written into the project as a side effect; the doc is regenerated on purpose.
+    assert not (wit_project / "docs" / "envs" / "wit-cpu.md").exists()
+    assert not (wit_project / "images" / "wit-cpu" / "ledger.json").exists()
+    run_envport("ledger", "wit-cpu", "--write-docs", root=wit_project, check=True, timeout=60)
     doc = (wit_project / "docs" / "envs" / "wit-cpu.md").read_text()
     assert "validated:" in doc and "witness on venv" in doc
 
@@ -148,7 +152,8 @@ def test_cli_default_venv_location_and_table(wit_project, tmp_path):
     assert lines[1].split()[:3] == ["VERDICT", "TIME", "CHECK"]
     assert any(ln.startswith("OK") and "python" in ln for ln in lines)
     assert lines[-1].startswith("OK: wit-cpu witnesses on venv")
-    assert not (wit_project / "images" / "wit-cpu" / "ledger.json").exists()
+    from envport.report import ledger
+    assert not ledger.ledger_path(wit_project, "wit-cpu").exists()
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has a GPU")

@@ -34,6 +34,7 @@ COMMANDS = [
     "doctor",
     "slurm",
     "parity",
+    "ledger",
 ]
 
 EXIT_CODES_HELP = """exit codes:
@@ -71,11 +72,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except EnvportError as exc:
-        print(f"envport: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _report_error(args, exc)
     except KeyboardInterrupt:
         print("envport: interrupted", file=sys.stderr)
         return 130
+
+
+def _report_error(args: argparse.Namespace, exc: EnvportError) -> int:
+    """Problems one per line then a summary; under --json the same as the one JSON shape on stdout."""
+    from envport.core.errors import SpecError, problems_of
+    if getattr(args, "json", False):
+        from envport.core.verdict import envelope, print_json
+        print_json(envelope(args.command, exc.exit_code, problems=problems_of(exc)))
+    if isinstance(exc, SpecError):
+        for p in exc.problems:
+            print(p, file=sys.stderr)
+        print(f"envport: {exc.summary}", file=sys.stderr)
+    else:
+        print(f"envport: {exc}", file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from envport.core.errors import EnvportError
@@ -24,27 +23,46 @@ def add_spec_args(parser: argparse.ArgumentParser, allow_all: bool = True) -> No
         parser.add_argument("--all", action="store_true", help="every spec in specs/")
 
 
-def load_selected(args: argparse.Namespace) -> list:
-    """Load every selected spec; report every problem of every file, then exit 2."""
+def add_json_arg(parser: argparse.ArgumentParser, what: str = "the result") -> None:
+    parser.add_argument("--json", action="store_true",
+                        help=f"print {what} as JSON (docs/cli.md: command, exit_code, steps, problems); "
+                        "problems are JSON too")
+
+
+def load_each(args: argparse.Namespace) -> tuple[list, list]:
+    """Every selected spec loaded, and every problem of the others (a file that cannot be read
+    (permission, a directory, a FIFO, a symlink loop, bad bytes) is one more problem, never the end)."""
     from envport.core.errors import SpecError
-    from envport.spec.loader import all_spec_names, load_spec
+    from envport.spec.loader import all_spec_names, load_spec, stray_spec_problems
     root = project_root(args)
     refs = list(args.specs)
+    problems = []
     if getattr(args, "all", False):
         refs += [n for n in all_spec_names(root) if n not in refs]
-    if not refs:
+        problems += stray_spec_problems(root)
+    if not refs and not problems:
         raise EnvportError("name at least one spec, or pass --all")
-    loaded, problems = [], []
+    loaded = []
     for ref in refs:
         try:
             loaded.append(load_spec(ref, root if not ref.endswith((".yaml", ".yml")) else None))
         except SpecError as exc:
             problems.extend(exc.problems)
+    return loaded, problems
+
+
+def spec_problems(problems: list):
+    """One SpecError for every problem of every selected file: exit 2, nothing written."""
+    from envport.core.errors import SpecError
+    n_files = len({p.file for p in problems})
+    return SpecError(problems, f"{len(problems)} problem(s) in {n_files} spec file(s); nothing was written")
+
+
+def load_selected(args: argparse.Namespace) -> list:
+    """Load every selected spec; on any problem in any file raise one SpecError holding all of them."""
+    loaded, problems = load_each(args)
     if problems:
-        for p in problems:
-            print(p, file=sys.stderr)
-        n_files = len({p.file for p in problems})
-        raise EnvportError(f"{len(problems)} problem(s) in {n_files} spec file(s); nothing was written")
+        raise spec_problems(problems)
     return loaded
 
 

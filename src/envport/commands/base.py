@@ -20,4 +20,4 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    return report([build_base(args.recipe, stderr_progress, args.tag, args.rebuild)], args.json)
+    return report([build_base(args.recipe, stderr_progress, args.tag, args.rebuild)], args.json, command="base")

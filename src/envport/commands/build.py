@@ -14,7 +14,7 @@ def register(sub) -> None:
                        "apptainer: <sif_dir>/<name>-<hash12>.sif (site profile; default .cache/sif), with apptainer where it is "
                        "on PATH, else envport's own .def builder (docs/apptainer.md); venv/conda: the rendered setup script run "
                        "locally or over SSH (--host, a site host alias or an ssh destination). Every build is "
-                       "recorded in images/<name>/ledger.json and docs/envs/<name>.md.")
+                       "recorded in this machine's ledger (`envport ledger NAME`; `--write-docs` regenerates docs/envs/<name>.md).")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--target", choices=BUILD_TARGETS, default="venv",
                    help="what to build (default: venv, which needs no daemon)")
@@ -50,7 +50,7 @@ def _fast_present(args) -> int | None:
 
     result = StepResult(f"image {hit['tag']}", Verdict.PRESENT, f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)",
                         data={"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]})
-    code = report([result], args.json)
+    code = report([result], args.json, command="build")
     if not args.json:
         print(f"present {args.spec}@{hit['hash'][:12]} --target docker")
     return code
@@ -72,9 +72,9 @@ def run(args) -> int:
     site, refused, lock_fact = _lock_gate(args, loaded, site)
     identity = resolve(loaded, site, args.target).identity
     results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
-    code = report(results, args.json)
+    code = report(results, args.json, command="build")
     last = results[-1]
-    ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last,
+    ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last, site=site,
                   seconds=sum(r.seconds for r in results), lock=lock_fact)
     if not args.json:
         print(f"{last.verdict.value} {identity.ref} --target {args.target}")

@@ -48,7 +48,9 @@ def run(args) -> int:
         path.write_text(render_infra_md(report), encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)
     if args.json:
-        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        code = EXIT_REFUSED if report.get("env") and report["env"].get("ok") is False else EXIT_OK
+        json.dump({"command": "doctor", "exit_code": code, "steps": [], "problems": [], **report},
+                  sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(report))

@@ -64,10 +64,11 @@ def run(args) -> int:
     diffs = parity.differences(loaded, facts)
     result = parity.judge(loaded, facts, diffs, time.monotonic() - t0)
     if not args.no_ledger:
-        _record(loaded, identity.hash, facts, result, diffs)
+        _record(loaded, site, identity.hash, facts, result, diffs)
     if args.json:
-        json.dump({"env": loaded.spec.name, "hash": identity.hash, "verdict": result.verdict.value,
-                   "exit_code": exit_code([result]), "seconds": round(result.seconds, 3), "summary": result.detail,
+        json.dump({"command": "parity", "exit_code": exit_code([result]), "steps": [result.to_dict()],
+                   "problems": [], "env": loaded.spec.name, "hash": identity.hash, "verdict": result.verdict.value,
+                   "seconds": round(result.seconds, 3), "summary": result.detail,
                    "targets": [f.to_dict() for f in facts],
                    "differences": [{"kind": d.kind, "name": d.name, "values": d.values} for d in diffs]},
                   out, indent=2)
@@ -101,7 +102,7 @@ def _print_table(loaded, facts, diffs, result, out) -> None:
     print(f"{result.verdict.value} parity {loaded.spec.name}: {result.detail} ({result.seconds:.1f}s)", file=out)
 
 
-def _record(loaded, hash_: str, facts, result, diffs) -> None:
+def _record(loaded, site, hash_: str, facts, result, diffs) -> None:
     """Each target's build, then the comparison, as ledger records."""
     from envport.report import ledger
     from envport.report.parity import compared
@@ -110,8 +111,8 @@ def _record(loaded, hash_: str, facts, result, diffs) -> None:
         if f.build is not None and f.build.step.startswith("build"):
             target = f.target.split("@")[0]
             ledger.record(loaded.root, loaded.spec, kind="build", target=target, hash_=hash_, result=f.build,
-                          via="parity")
-    ledger.record(loaded.root, loaded.spec, kind="parity", target="all", hash_=hash_, result=result,
+                          site=site, via="parity")
+    ledger.record(loaded.root, loaded.spec, kind="parity", target="all", hash_=hash_, result=result, site=site,
                   targets=[f.target for f in compared(facts)],
                   skipped={f.target: f.skipped for f in facts if f.skipped},
                   differences=[d.line() for d in diffs])

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from envport.commands._common import add_spec_args, load_selected, project_root
+from envport.commands._common import add_json_arg, add_spec_args, load_selected, project_root
 
 # Kept in step with envport.renderers.TARGETS (tests/test_cli.py checks); the
 # renderers import Jinja2, which `--help` should not pay for.
@@ -16,35 +17,74 @@ def register(sub) -> None:
                        description="Render specs to images/<name>/: Dockerfile, <name>.def, setup-venv.sh, "
                        "setup-conda.sh and the shim files they copy. All specs are validated first; on any "
                        "problem nothing is written (exit 2). --check writes nothing and exits 1 listing "
-                       "every drifted file.")
+                       "every drifted file; with --all it also fails on images/<d>/ left without a "
+                       "specs/<d>.yaml, which `render --all` removes.")
     add_spec_args(p)
     p.add_argument("--target", choices=TARGETS, action="append",
                    help="render only this target (repeatable; default: all)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if images/ differs")
+    add_json_arg(p, "one step per spec (and per stale images/ dir)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from envport.recipe.render import drift, render_spec, write
+    from envport.core.verdict import StepResult, Verdict, report
+    from envport.recipe.render import drift, remove_stale, render_spec, stale_dirs, write
+    from envport.spec.loader import all_spec_names
     root = project_root(args)
     targets = tuple(args.target) if args.target else TARGETS
     full = set(targets) == set(TARGETS)
     selected = load_selected(args)
     renderings = [render_spec(loaded, targets) for loaded in selected]
+    # Stale dirs are judged only against every spec: `render x` says nothing about images/y/.
+    every_spec = getattr(args, "all", False)
+    results = []
     if args.check:
-        drifted = [d for r in renderings for d in drift(root, r, full)]
+        for r in renderings:
+            drifted = drift(root, r, full)
+            results.append(StepResult(f"render {r.name}", Verdict.FAILED if drifted else Verdict.OK,
+                                      f"{len(drifted)} file(s) differ from the spec" if drifted else "matches images/",
+                                      lines=drifted))
         # A lock the spec has moved past renders as unlocked recipes: that is drift too.
         from envport.plan.lock import stale
-        drifted += [f"{ld.path.with_suffix('.lock').name} [{p.reason}]: {p.message}"
-                    for ld in selected if (p := stale(ld))]
-        for d in drifted:
-            print(f"drift: {d}", file=sys.stderr)
-        if drifted:
-            print(f"FAILED   {len(drifted)} file(s) differ from the specs; run `envport render`", file=sys.stderr)
-            return 1
-        print(f"OK       {len(renderings)} spec(s) match images/")
-        return 0
+        for problem, loaded in ((stale(loaded), loaded) for loaded in selected):
+            if problem:
+                results.append(StepResult(f"lock {loaded.spec.name}", Verdict.FAILED, problem.message,
+                                          reason=problem.reason,
+                                          lines=[f"{loaded.path.with_suffix('.lock').name} [{problem.reason}]: "
+                                                 f"{problem.message}"]))
+        if every_spec:
+            for d in stale_dirs(root, set(all_spec_names(root))):
+                rel = d.relative_to(root)
+                results.append(StepResult(f"render {d.name}", Verdict.FAILED,
+                                          f"{rel}/ is stale: no specs/{d.name}.yaml",
+                                          lines=[f"{rel}/ (stale: run `envport render --all` or `git rm -r {rel}`)"]))
+        return _print_check(results, args.json)
     for r in renderings:
         changed = write(root, r, full)
-        print(f"{'OK' if changed else 'present':<8} images/{r.name}/ ({len(changed)} file(s) changed)")
+        results.append(StepResult(f"render {r.name}", Verdict.OK if changed else Verdict.PRESENT,
+                                  f"images/{r.name}/ ({len(changed)} file(s) changed)", lines=changed))
+    if every_spec and full:
+        for rel in remove_stale(root, set(all_spec_names(root))):
+            results.append(StepResult(f"render {Path(rel).name}", Verdict.OK, f"removed {rel}/ (no spec)"))
+    if args.json:
+        return report(results, True, command="render")
+    for r in results:
+        print(f"{r.verdict.value:<8} {r.detail}")
+    return 0
+
+
+def _print_check(results, as_json: bool) -> int:
+    from envport.core.verdict import Verdict, report
+    if as_json:
+        return report(results, True, command="render")
+    failed = [r for r in results if r.verdict is Verdict.FAILED]
+    for r in failed:
+        for ln in r.lines:
+            print(f"drift: {ln}", file=sys.stderr)
+    if failed:
+        n = sum(len(r.lines) for r in failed)
+        print(f"FAILED   {n} file(s) differ from the specs; run `envport render`", file=sys.stderr)
+        return 1
+    print(f"OK       {len(results)} spec(s) match images/")
     return 0

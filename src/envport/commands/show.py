@@ -39,7 +39,8 @@ def run(args) -> int:
                  "sif": built.sif_name, "differs_by": site_differences(loaded, site)},
     }
     if args.json:
-        print(json.dumps(data, indent=2, ensure_ascii=False))
+        print(json.dumps({"command": "show", "exit_code": 0, "steps": [], "problems": [], **data},
+                         indent=2, ensure_ascii=False))
         return 0
     print(f"# portable (images/, no site): {identity.ref}  (sha256 {identity.hash})")
     print(f"# built on site {site.name}: {built.ref}  (image {built.image_tag}, {built.sif_name}, "

@@ -58,7 +58,8 @@ def run_clusters(args) -> int:
         p = slurm.load_cluster(name, root)
         rows.append(p.model_dump())
     if args.json:
-        json.dump(rows, sys.stdout, indent=2)
+        json.dump({"command": "slurm clusters", "exit_code": 0, "steps": [], "problems": [], "clusters": rows},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for r in rows:
@@ -83,7 +84,8 @@ def run_submit(args) -> int:
     profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
     opts = WitnessOptions(only=only, world_size=args.world_size, deadline_s=args.deadline)
-    identity = resolve(loaded, load_site(args.site, loaded.root), args.target).identity
+    site = load_site(args.site, loaded.root)
+    identity = resolve(loaded, site, args.target).identity
     job = _job(args, loaded, identity, profile, opts)
     refusal = slurm.refusal(job, opts)
     if args.dry_run:
@@ -97,14 +99,15 @@ def run_submit(args) -> int:
         from envport.report import ledger
 
         ledger.record(loaded.root, loaded.spec, kind="witness", target=args.target, hash_=identity.hash,
-                      result=result, launcher=f"slurm sbatch+srun on cluster {profile.name}", slurm=facts,
+                      result=result, site=site, launcher=f"slurm sbatch+srun on cluster {profile.name}", slurm=facts,
                       options={"only": only, "world_size": args.world_size, "deadline": args.deadline},
                       **({"image": job.image} if job.image else {"prefix": job.prefix}))
     if args.json:
-        json.dump({"env": identity.name, "hash": identity.hash, "target": args.target, "cluster": profile.name,
-                   "verdict": result.verdict.value, "exit_code": result.data["exit_code"],
-                   "seconds": round(result.seconds, 3), **facts, "script_path": str(job.script_path),
-                   "steps": result.data["steps"]}, sys.stdout, indent=2)
+        json.dump({"command": "slurm submit", "exit_code": result.data["exit_code"], "steps": result.data["steps"],
+                   "problems": [], "env": identity.name, "hash": identity.hash, "target": args.target,
+                   "cluster": profile.name, "verdict": result.verdict.value,
+                   "seconds": round(result.seconds, 3), **facts, "script_path": str(job.script_path)},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
         return result.data["exit_code"]
     report(results, False)
@@ -138,7 +141,8 @@ def _dry_run(args, job, refusal) -> int:
 
     text = slurm.render(job, slurm.node_cpu_limit(job.profile.partition))
     if args.json:
-        json.dump({"env": job.identity.name, "hash": job.identity.hash, "target": args.target,
+        json.dump({"command": "slurm submit", "exit_code": 0, "steps": [], "problems": [],
+                   "env": job.identity.name, "hash": job.identity.hash, "target": args.target,
                    "cluster": job.profile.name, "script_path": str(job.script_path), "log": str(job.log_path),
                    "script": text, "refused": refusal.to_dict() if refusal else None}, sys.stdout, indent=2)
         sys.stdout.write("\n")

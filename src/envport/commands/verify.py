@@ -51,5 +51,5 @@ def run(args) -> int:
 
         result = verify(loaded, site, root, image=args.image, junit=junit, progress=stderr_progress)
     ledger.record(root, loaded.spec, kind="verify", target=args.target, hash_=resolve(loaded, site, args.target).hash,
-                  result=result)
-    return report([result], args.json)
+                  result=result, site=site)
+    return report([result], args.json, command="verify")

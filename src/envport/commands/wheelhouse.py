@@ -28,4 +28,4 @@ def run(args) -> int:
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
     result = ensure_wheelhouse(loaded, site, root, stderr_progress, refresh=args.refresh)
-    return report([result], args.json)
+    return report([result], args.json, command="wheelhouse")

@@ -21,7 +21,7 @@ def register(sub) -> None:
         "collectives, DTensor)",
         description="Run the witness scripts (stdlib + torch only, mounted or run in place, never baked "
         "into the env) inside a built env and print one verdict per check with its time. Appends the run "
-        "to images/NAME/ledger.json. A spec that needs a GPU on a host without one exits 5.")
+        "to this machine's ledger (`envport ledger NAME`). A spec that needs a GPU on a host without one exits 5.")
     p.add_argument("name", metavar="NAME|PATH", help="spec name (specs/<name>.yaml) or path")
     p.add_argument("--target", choices=TARGETS, required=True)
     p.add_argument("--only", action="append", default=[], metavar="CHECK",
@@ -70,7 +70,8 @@ def run(args) -> int:
     spec = loaded.spec
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None, weights=True)
-    identity = resolve(loaded, load_site(args.site, loaded.root), args.target).identity
+    site = load_site(args.site, loaded.root)
+    identity = resolve(loaded, site, args.target).identity
     launcher, facts = _launcher(args, loaded, identity, opts)
 
     out = sys.stdout
@@ -86,14 +87,14 @@ def run(args) -> int:
         from envport.report import ledger
 
         ledger.record(loaded.root, spec, kind="witness", target=args.target, hash_=identity.hash, result=result,
-                      launcher=launcher.describe(), sm_range=spec.sm_range, **facts,
+                      site=site, launcher=launcher.describe(), sm_range=spec.sm_range, **facts,
                       options={"only": only, "world_size": args.world_size, "device": args.device,
                                "deadline": args.deadline})
     if args.json:
-        json.dump({"env": spec.name, "hash": identity.hash, "target": args.target,
+        json.dump({"command": "witness", "exit_code": result.data["exit_code"], "steps": result.data["steps"],
+                   "problems": [], "env": spec.name, "hash": identity.hash, "target": args.target,
                    "launcher": launcher.describe(), "verdict": result.verdict.value,
-                   "exit_code": result.data["exit_code"], "seconds": round(result.seconds, 3),
-                   "steps": result.data["steps"]}, out, indent=2)
+                   "seconds": round(result.seconds, 3)}, out, indent=2)
         out.write("\n")
     else:
         print(f"{result.verdict.value}: {spec.name} witnesses on {args.target} in {result.seconds:.1f}s "

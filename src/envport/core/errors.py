@@ -22,6 +22,9 @@ class Problem:
             text += f" (fix: {self.fix})"
         return text
 
+    def to_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "field": self.field, "message": self.message, "fix": self.fix}
+
 
 class EnvportError(Exception):
     """An error the CLI prints without a traceback and exits with `exit_code`."""
@@ -35,8 +38,19 @@ class EnvportError(Exception):
 
 
 class SpecError(EnvportError):
-    """Every problem found in one spec file (all of them, not just the first)."""
+    """Every problem found in one spec file, or in every selected one (all of them, not just the first).
 
-    def __init__(self, problems: list[Problem]):
+    The CLI prints each problem on its own line, then `envport: <summary>`; under
+    --json it prints them as the `problems` of the one JSON shape (core/verdict).
+    """
+
+    def __init__(self, problems: list[Problem], summary: str | None = None):
         self.problems = problems
+        n_files = len({p.file for p in problems})
+        self.summary = summary or f"{len(problems)} problem(s) in {n_files} file(s)"
         super().__init__("\n".join(str(p) for p in problems))
+
+
+def problems_of(exc: EnvportError) -> list[Problem]:
+    """An error as Problems: a SpecError's own, or one Problem holding the message."""
+    return list(exc.problems) if isinstance(exc, SpecError) else [Problem("", None, "", str(exc))]

@@ -75,13 +75,26 @@ def exit_code(results: Iterable[StepResult]) -> int:
     return EXIT_OK
 
 
-def report(results: list[StepResult], as_json: bool, stream=None) -> int:
+def envelope(command: str, code: int, steps: Iterable = (), problems: Iterable = (), **extra) -> dict:
+    """Every `--json` output's top level (docs/cli.md): command, exit_code, steps, problems, then the
+    command's own keys. Steps and problems may be StepResults/Problems or their dicts."""
+    as_dict = (lambda x: x if isinstance(x, dict) else x.to_dict())
+    return {"command": command, "exit_code": code, "steps": [as_dict(s) for s in steps],
+            "problems": [as_dict(p) for p in problems], **extra}
+
+
+def print_json(data: dict, stream=None) -> None:
+    stream = stream or sys.stdout
+    json.dump(data, stream, indent=2, ensure_ascii=False)
+    stream.write("\n")
+
+
+def report(results: list[StepResult], as_json: bool, stream=None, command: str = "") -> int:
     """Print results (one line each, log tails indented) or JSON; return the exit code."""
     stream = stream or sys.stdout
     code = exit_code(results)
     if as_json:
-        json.dump({"exit_code": code, "steps": [r.to_dict() for r in results]}, stream, indent=2)
-        stream.write("\n")
+        print_json(envelope(command, code, results), stream)
         return code
     for r in results:
         print(r.line(), file=stream)

@@ -14,10 +14,10 @@ import hashlib
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from envport.core.errors import EnvportError, SpecError
-from envport.spec.loader import problems_from, read_yaml
+from envport.core.errors import EnvportError
+from envport.spec.yamlfile import load_model
 from envport.plan.steps import BaseStep, CaStep, PipStep, Plan, pip_source_args
 
 SITES_DIR = "sites"
@@ -80,6 +80,8 @@ class Site(_Model):
                            "a missing base is REFUSED with the fix instead of a pull that cannot succeed")
     hosts: dict[str, SshHost] = {}
     apptainer: ApptainerDirs = ApptainerDirs()
+    ledger_dir: Optional[str] = Field(default=None, description="where this place keeps envport's ledgers "
+                                      "(default: $XDG_STATE_HOME/envport); $ENVPORT_STATE_DIR overrides it")
     installer: Literal["pip", "uv"] = Field(
         default="pip", description="what installs each pip phase where the env is built: pip, or uv "
         "(`uv pip install`, from the PyPI wheel, kept outside the env); with a lock both give the same env")
@@ -114,11 +116,7 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
         if ref == DEFAULT_SITE:
             return Site(name=DEFAULT_SITE)
         raise EnvportError(f"site profile {path} not found; create it or pass --site local")
-    raw = read_yaml(path)
-    try:
-        return Site.model_validate(raw.data)
-    except ValidationError as exc:
-        raise SpecError(problems_from(exc, raw, str(path))) from None
+    return load_model(path, Site, "site profile", "sites/local.yaml")
 
 
 def apply_site(plan: Plan, site: Site) -> Plan:

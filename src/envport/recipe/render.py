@@ -27,7 +27,9 @@ IMAGES_DIR = "images"
 CA_CONTEXT_NAME = "ca-bundle.crt"
 WHEELHOUSE_CONTEXT_NAME = "wheelhouse"
 LOCKS_CONTEXT_DIR = "locks"  # each locked phase's requirements, pip-N.txt
-# Files in images/<name>/ that envport owns but `render` does not produce.
+# Ledgers envport used to keep in images/<name>/ (they now live in the user's state
+# dir, report/ledger.py): an old checkout may still hold them; render neither
+# flags nor writes them.
 KEPT_FILES = ("ledger.json", "ledger.lock")
 
 
@@ -95,6 +97,24 @@ def drift(root: Path, rendering: Rendering, all_targets: bool = True) -> list[st
             if path.is_file() and rel not in rendering.files and rel not in KEPT_FILES:
                 drifted.append(f"{path.relative_to(root)} (stale: no longer rendered)")
     return drifted
+
+
+def stale_dirs(root: Path, names: set[str]) -> list[Path]:
+    """images/<d>/ with no specs/<d>.yaml: left behind when a spec is deleted or renamed."""
+    images = root / IMAGES_DIR
+    if not images.is_dir():
+        return []
+    # Dot-names are render's own temporary and old copies (see `write`).
+    return [d for d in sorted(images.iterdir()) if d.is_dir() and not d.name.startswith(".") and d.name not in names]
+
+
+def remove_stale(root: Path, names: set[str]) -> list[str]:
+    """Delete images/<d>/ for specs that no longer exist; `render --all` owns images/."""
+    removed = []
+    for d in stale_dirs(root, names):
+        shutil.rmtree(d)
+        removed.append(str(d.relative_to(root)))
+    return removed
 
 
 def write(root: Path, rendering: Rendering, all_targets: bool = True) -> list[str]:

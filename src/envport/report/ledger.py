@@ -1,9 +1,13 @@
-"""The ledger: what this machine did to an env, and the doc generated from it.
+"""The ledger: what this machine did to an env, kept outside the checkout.
 
-Every build, verify and witness appends one record to
-images/<name>/ledger.json (hash, target, host, when, durations, image facts,
-each check's verdict); docs/envs/<name>.md is regenerated from the ledger as
-`### env: <name>@<hash12>` blocks, so the doc never says more than was done.
+Every build, verify and witness appends one record (hash, target, host, when,
+durations, image facts, each check's verdict) to this user's state dir:
+`$ENVPORT_STATE_DIR`, else the site profile's `ledger_dir`, else
+`$XDG_STATE_HOME/envport` (`~/.local/state/envport`), under
+`ledger/<project>-<hash of its path>/<name>.json`.  Nothing is written into the
+project as a side effect (a checkout stays clean after any local run);
+`envport ledger NAME --write-docs` regenerates docs/envs/<name>.md on purpose,
+as `### env: <name>@<hash12>` blocks, so the doc never says more than was done.
 Appends are locked and atomic: two concurrent runs never lose a record and a
 crash never leaves half a file.
 """
@@ -12,17 +16,37 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import hashlib
 import json
+import os
 import socket
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
+
 from envport.core.files import write_atomic
 
-LEDGER_NAME = "ledger.json"
+STATE_DIR_VAR = "ENVPORT_STATE_DIR"
+LEDGER_SUBDIR = "ledger"
 
 
-def ledger_path(root: Path, name: str) -> Path:
-    return root / "images" / name / LEDGER_NAME
+def state_dir(site_ledger_dir: Optional[str] = None) -> Path:
+    """$ENVPORT_STATE_DIR (this run), else the site's ledger_dir (this place), else the XDG state dir."""
+    explicit = os.environ.get(STATE_DIR_VAR) or site_ledger_dir
+    if explicit:
+        return Path(os.path.expanduser(explicit))
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(xdg) / "envport"
+
+
+def project_key(root: Path) -> str:
+    """One folder per project checkout: its name plus a hash of its real path (two clones never mix)."""
+    real = os.path.realpath(root)
+    return f"{os.path.basename(real) or 'root'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
+
+
+def ledger_path(root: Path, name: str, site_ledger_dir: Optional[str] = None) -> Path:
+    return state_dir(site_ledger_dir) / LEDGER_SUBDIR / project_key(root) / f"{name}.json"
 
 
 def doc_path(root: Path, name: str) -> Path:
@@ -41,23 +65,23 @@ def _locked(path: Path):
         yield
 
 
-def read(root: Path, name: str) -> list[dict]:
-    path = ledger_path(root, name)
+def read(root: Path, name: str, site_ledger_dir: Optional[str] = None) -> list[dict]:
+    path = ledger_path(root, name, site_ledger_dir)
     if not path.is_file():
         return []
     return json.loads(path.read_text(encoding="utf-8")).get("records", [])
 
 
-def append(root: Path, name: str, entry: dict) -> dict:
-    """Append one record (adding when/host/key) and regenerate docs/envs/<name>.md."""
+def append(root: Path, name: str, entry: dict, site_ledger_dir: Optional[str] = None) -> dict:
+    """Append one record (adding when/host/key) to this machine's ledger; the project is not touched."""
     record = {"when": now_utc(), "host": socket.gethostname(), **entry}
     if "hash" in record:
         record.setdefault("key", f"env:{name}@{record['hash'][:12]}")
-    path = ledger_path(root, name)
+    path = ledger_path(root, name, site_ledger_dir)
     with _locked(path):
-        records = read(root, name) + [record]
-        write_atomic(path, json.dumps({"env": name, "records": records}, indent=2, sort_keys=True) + "\n")
-    write_doc(root, name, records)
+        records = read(root, name, site_ledger_dir) + [record]
+        write_atomic(path, json.dumps({"env": name, "project": os.path.realpath(root), "records": records},
+                                      indent=2, sort_keys=True) + "\n")
     return record
 
 
@@ -68,7 +92,7 @@ def compact_checks(checks: list[dict]) -> list[dict]:
 
 
 def record(root: Path, spec, *, kind: str, target: str, hash_: str, result, seconds: float | None = None,
-           **facts) -> dict:
+           site=None, **facts) -> dict:
     """The one way a run becomes a ledger record: a StepResult plus where it ran.
 
     Builds also record the spec's tier, weights and sm range (the env doc
@@ -82,7 +106,7 @@ def record(root: Path, spec, *, kind: str, target: str, hash_: str, result, seco
     if kind == "build":
         entry.update({"resources": spec.resources.model_dump(), "sm_range": spec.sm_range,
                       "weights": {n: w.path for n, w in spec.weight_dirs.items()}})
-    return append(root, spec.name, {**entry, **data, **facts})
+    return append(root, spec.name, {**entry, **data, **facts}, getattr(site, "ledger_dir", None))
 
 
 def _resolves(target: str, rec: dict) -> str:
@@ -97,14 +121,17 @@ def _resolves(target: str, rec: dict) -> str:
 
 
 def render_doc(name: str, records: list[dict]) -> str:
-    lines = [f"# env: {name}", "", "Generated from images/{0}/ledger.json by envport; do not edit.".format(name), ""]
+    """The env doc: one block per hash, newest first by when it first appeared, so a later run of an
+    old env changes its block's lines but never moves it (the doc's diff shows what changed)."""
+    lines = [f"# env: {name}", "",
+             f"Generated by `envport ledger {name} --write-docs` from a machine's ledger; do not edit.", ""]
     by_hash: dict[str, list[dict]] = {}
-    latest: dict[str, int] = {}  # records are in append order: position beats a same-second timestamp
+    first: dict[str, int] = {}  # records are in append order: position beats a same-second timestamp
     for i, rec in enumerate(records):
         if rec.get("hash"):
             by_hash.setdefault(rec["hash"], []).append(rec)
-            latest[rec["hash"]] = i
-    for hash_, recs in sorted(by_hash.items(), key=lambda kv: latest[kv[0]], reverse=True):
+            first.setdefault(rec["hash"], i)
+    for hash_, recs in sorted(by_hash.items(), key=lambda kv: first[kv[0]], reverse=True):
         # Each fact from the latest record that carries it (a witness run has no tier).
         last = {k: next((r[k] for r in reversed(recs) if r.get(k)), None)
                 for k in ("resources", "weights", "sm_range")}
@@ -135,8 +162,7 @@ def render_doc(name: str, records: list[dict]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_doc(root: Path, name: str, records: list[dict] | None = None) -> Path:
+def write_doc(root: Path, name: str, records: list[dict]) -> Path:
     path = doc_path(root, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, render_doc(name, read(root, name) if records is None else records))
+    write_atomic(path, render_doc(name, records))
     return path

@@ -6,15 +6,13 @@ the field path, what was expected and a fix.  Nothing here writes files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
-from pydantic import ValidationError
 
 from envport.core.errors import EnvportError, Problem, SpecError
 from envport.spec.model import Spec
+from envport.spec.yamlfile import RawSpec, read_mapping, unreadable, validate
 
 SPECS_DIR = "specs"
 
@@ -25,126 +23,9 @@ DICT_KEYS = ("env", "shim_files", "weight_dirs", "labels", "resources")
 NOT_INHERITED = ("name", "description", "extends")
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and remembers where each value is."""
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None,
-                f"duplicate key {key!r} (first on line {seen[key] + 1}); YAML would silently keep only the last",
-                key_node.start_mark,
-            )
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _positions(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map each field path (('pip_phases', 2, 0), ...) to its 1-based line."""
-    out = {} if out is None else out
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            out[path + (key,)] = key_node.start_mark.line + 1
-            _positions(value_node, path + (key,), out)
-            out[path + (key,)] = key_node.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _positions(item, path + (i,), out)
-    return out
-
-
-@dataclass
-class RawSpec:
-    path: Path
-    data: dict
-    lines: dict[tuple, int] = field(default_factory=dict)
-
-
 def read_yaml(path: Path) -> RawSpec:
-    label = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([Problem(label, None, "", "file not found", "check the name or path")]) from None
-    except UnicodeDecodeError as exc:
-        raise SpecError([Problem(label, None, "", f"not UTF-8 text ({exc.reason})", "save it as UTF-8")]) from None
-    try:
-        node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        raise SpecError([Problem(label, line, "", f"invalid YAML: {exc.problem or exc}",
-                                 "fix the syntax at that line")]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError([Problem(label, None, "", f"invalid YAML: {exc}", "fix the syntax")]) from None
-    if data is None:
-        raise SpecError([Problem(label, None, "", "the file is empty", "start from specs/demo-cpu.yaml")])
-    if not isinstance(data, dict):
-        raise SpecError([Problem(label, node.start_mark.line + 1, "",
-                                 f"expected a mapping of spec fields, got {type(data).__name__}",
-                                 "write `name: ...`, `base: ...` at the top level")])
-    return RawSpec(path, data, _positions(node))
-
-
-def format_loc(loc: tuple) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _yaml_loc(loc: tuple, lines: dict[tuple, int]) -> tuple[tuple, int | None]:
-    """The field path as the user wrote it, and the line of its nearest known part."""
-    loc = tuple(loc)
-    # pydantic marks an error in a mapping's key with a trailing "[key]"; the key is the field.
-    if loc and loc[-1] == "[key]":
-        loc = loc[:-1]
-    # A phase written as a bare list has no `packages` key in the YAML.
-    if len(loc) >= 3 and loc[0] == "pip_phases" and loc[2] == "packages" and loc[:3] not in lines:
-        loc = loc[:2] + loc[3:]
-    for n in range(len(loc), -1, -1):
-        if loc[:n] in lines:
-            return loc, lines[loc[:n]]
-    return loc, None
-
-
-FIXES = {
-    "extra_forbidden": "remove it, or check the spelling against docs/spec.md",
-    "missing": "add it (see docs/spec.md)",
-    "string_type": "write a string (quote it in YAML)",
-    "list_type": "write a YAML list",
-    "dict_type": "write a YAML mapping",
-    "bool_type": "write true or false",
-    "int_type": "write a whole number",
-    "int_parsing": "write a whole number",
-    "too_short": "add at least one entry, or remove the field",
-}
-
-
-def problems_from(exc: ValidationError, raw: RawSpec, label: str) -> list[Problem]:
-    problems = []
-    for err in exc.errors(include_url=False):
-        loc, line = _yaml_loc(err["loc"], raw.lines)
-        kind = err["type"]
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        if kind == "extra_forbidden":
-            msg = f"unknown key {loc[-1]!r}"
-        elif kind == "missing":
-            msg = "required field is missing"
-        problems.append(Problem(label, line, format_loc(loc), msg, FIXES.get(kind, "")))
-    return problems
+    """A spec file as data with lines (bounded, never blocking; see spec/yamlfile)."""
+    return read_mapping(path, "spec", "specs/demo-cpu.yaml")
 
 
 def merge(parent: dict, child: dict) -> dict:
@@ -200,7 +81,7 @@ def resolve_ref(ref: str, root: Path | None) -> tuple[Path, Path]:
     """A spec given by name (specs/<name>.yaml) or by path -> (file, project root)."""
     p = Path(ref)
     if p.suffix in (".yaml", ".yml") or "/" in ref:
-        path = p.resolve()
+        path = _real(p)
         if root is None:
             root = path.parent.parent if path.parent.name == SPECS_DIR else find_root(path.parent)
         return path, root
@@ -218,14 +99,17 @@ def _load_raw_chain(path: Path, specs_dir: Path, seen: tuple[Path, ...] = ()) ->
         raise SpecError([Problem(label, raw.lines.get(("extends",)), "extends",
                                  "expected the name of another spec in specs/", "write e.g. `extends: base-cuda`")])
     parent_path = specs_dir / f"{parent_name}.yaml"
-    chain = seen + (path.resolve(),)
-    if parent_path.resolve() in chain:
-        cycle = " -> ".join(p.stem for p in chain + (parent_path.resolve(),))
+    chain = seen + (_real(path),)
+    if _real(parent_path) in chain:
+        cycle = " -> ".join(p.stem for p in chain + (_real(parent_path),))
         raise SpecError([Problem(label, raw.lines.get(("extends",)), "extends", f"extends cycle: {cycle}",
                                  "remove one of the `extends` links")])
-    if not parent_path.is_file():
+    if not os.path.lexists(parent_path):
+        yml = parent_path.with_suffix(".yml")
         raise SpecError([Problem(label, raw.lines.get(("extends",)), "extends",
                                  f"parent spec {parent_name!r} not found at {parent_path}",
+                                 f"rename {yml.name} to {parent_path.name} (spec files end in .yaml)"
+                                 if os.path.lexists(yml) else
                                  f"create {SPECS_DIR}/{parent_name}.yaml or fix the name")])
     parent_data, parents = _load_raw_chain(parent_path, specs_dir, chain)
     # A parent must be a valid spec on its own, so its errors (shim files included,
@@ -241,17 +125,14 @@ def _load_raw_chain(path: Path, specs_dir: Path, seen: tuple[Path, ...] = ()) ->
 
 
 def _validate(raw: RawSpec, data: dict, label: str) -> Spec:
-    try:
-        return Spec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(problems_from(exc, raw, label)) from None
+    return validate(raw, data, Spec, label)
 
 
 def _file_problems(data: dict, raw: RawSpec, specs_dir: Path, label: str) -> list[Problem]:
     """Shim sources and the name/file match, checked on the raw data so that they are
     reported together with any schema errors."""
     problems = []
-    root = specs_dir.resolve()
+    root = _real(specs_dir)
     shims = data.get("shim_files")
     shims = shims if isinstance(shims, dict) else {}
     for dest, src in shims.items():
@@ -260,16 +141,20 @@ def _file_problems(data: dict, raw: RawSpec, specs_dir: Path, label: str) -> lis
 
         line = raw.lines.get(("shim_files", dest))
         target = (specs_dir / src)
-        resolved = target.resolve()
-        if root not in resolved.parents:
+        if root not in _real(target).parents:
             problems.append(Problem(label, line, f"shim_files.{dest}",
                                     f"source {src!r} resolves outside {SPECS_DIR}/ (a symlink?)",
                                     f"copy the file under {SPECS_DIR}/files/"))
-        elif not target.is_file():
-            problems.append(Problem(label, line, f"shim_files.{dest}", f"source file {target} does not exist",
-                                    f"create it or fix the path (relative to {SPECS_DIR}/)"))
+        elif (why := unreadable(target)) is not None:
+            message, fix = why
+            if message == "file not found":
+                message, fix = f"source file {target} does not exist", \
+                    f"create it or fix the path (relative to {SPECS_DIR}/)"
+            else:
+                message = f"source file {target}: {message}"
+            problems.append(Problem(label, line, f"shim_files.{dest}", message, fix))
     name = raw.data.get("name")
-    if isinstance(name, str) and name != raw.path.stem and raw.path.parent.resolve() == root:
+    if isinstance(name, str) and name != raw.path.stem and _real(raw.path.parent) == root:
         problems.append(Problem(label, raw.lines.get(("name",)), "name",
                                 f"name {name!r} differs from the file name {raw.path.stem!r}",
                                 f"rename the file to {name}.yaml or set name: {raw.path.stem}"))
@@ -279,6 +164,9 @@ def _file_problems(data: dict, raw: RawSpec, specs_dir: Path, label: str) -> lis
 def load_spec(ref: str, root: Path | None = None) -> Loaded:
     """Load, merge and validate one spec by name or path; raise SpecError with every problem."""
     path, root = resolve_ref(ref, root)
+    if path.suffix != ".yaml":
+        raise SpecError([Problem(str(path), None, "", "spec files must end in .yaml (`--all` reads only those)",
+                                 f"rename it to {path.stem}.yaml")])
     specs_dir = root / SPECS_DIR
     data, raws = _load_raw_chain(path, specs_dir)
     problems = _file_problems(data, raws[0], specs_dir, str(path))
@@ -292,5 +180,25 @@ def load_spec(ref: str, root: Path | None = None) -> Loaded:
 
 
 def all_spec_names(root: Path) -> list[str]:
+    """Every `specs/*.yaml`: directories, FIFOs and broken links too, so that they are reported, not skipped."""
     return sorted(p.stem for p in (root / SPECS_DIR).glob("*.yaml"))
+
+
+def stray_spec_problems(root: Path) -> list[Problem]:
+    """`specs/*.yml` (and other case variants): refused everywhere, so `--all` never skips a spec silently.
+
+    One extension keeps one name -> one file (`x.yaml` and `x.yml` never both
+    claim env `x`), and `extends: x` has one place to look.
+    """
+    problems = []
+    for p in sorted((root / SPECS_DIR).iterdir()) if (root / SPECS_DIR).is_dir() else []:
+        if p.suffix.lower() in (".yml", ".yaml") and p.suffix != ".yaml":
+            problems.append(Problem(str(p), None, "", "spec files must end in .yaml; this one is not read",
+                                    f"rename it to {p.stem}.yaml"))
+    return problems
+
+
+def _real(path: Path) -> Path:
+    # Path.resolve() raises RuntimeError on a symlink loop; realpath leaves the loop for the read to report.
+    return Path(os.path.realpath(path))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationInfo,
     field_validator,
 )
@@ -71,13 +72,42 @@ SHELL_MANAGED_ENV = frozenset({
 })
 
 
-def _env_key(value: str) -> str:
+# Names that validate as identifiers but break the build or the env's shell when a
+# spec sets them: each with the reason the error gives (docs/spec.md lists them).
+BUILD_BREAKING_ENV = {
+    "PATH": "replaces the search path the build and the env rely on (the venv's bin/, /usr/bin: "
+            "`cat: command not found`); put tools in the env, or wrap them with a shim file",
+    "PYTHONHOME": "points the env's interpreter at another standard library; python and pip stop starting",
+    "PYTHONPATH": "puts other code ahead of the env's packages, so the pinned versions are not what is imported",
+    "LD_LIBRARY_PATH": "replaces the base image's library path (CUDA images set their own)",
+    "LD_PRELOAD": "injects a library into every process, pip and apt included",
+    "IFS": "changes how every shell line of the setup scripts splits words",
+    "HOME": "the setup scripts and pip find the env folder and caches under $HOME",
+    "VIRTUAL_ENV": "set by the env's own activation; another value points tools at another env",
+    "CONDA_PREFIX": "set by the env's own activation; another value points tools at another env",
+    "SHELL": "the login shell's own; programs would start another shell than the user's",
+    "PWD": "maintained by the shell on every cd; an exported value is wrong at once",
+    "OLDPWD": "maintained by the shell on every cd",
+    "ENV": "sh sources this file at the start of every shell, the build's included",
+    "BASH_ENV": "bash sources this file at the start of every script, the build's included",
+    "CDPATH": "makes `cd` in the setup scripts go to another folder (and print it)",
+    "POSIXLY_CORRECT": "switches bash and GNU tools into another mode under the setup scripts",
+}
+# Refused unless the spec lists them in `allow_env` (they have real uses).
+ALLOWABLE_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+def _env_key(value: str, info: ValidationInfo) -> str:
     if not ENV_KEY_RE.match(value):
         raise ValueError(f"{value!r} is not an environment variable name; expected [A-Za-z_][A-Za-z0-9_]*")
     if value in SHELL_MANAGED_ENV:
         raise ValueError(f"{value!r} is set or managed by the shell itself; the setup scripts could not export it")
     if value.startswith("ENVPORT_"):
         raise ValueError(f"{value!r}: ENVPORT_* variables are reserved for envport's own")
+    # info.data is the enclosing model's fields so far: the spec's allow_env comes before env.
+    if value in BUILD_BREAKING_ENV and value not in ((info.data or {}).get("allow_env") or ()):
+        allow = " (or list it in allow_env)" if value in ALLOWABLE_ENV else ""
+        raise ValueError(f"{value!r} would break the build or the env's shell: {BUILD_BREAKING_ENV[value]}{allow}")
     return value
 
 
@@ -219,9 +249,9 @@ class PipPhase(Model):
     index_url: Optional[Url] = None
     extra_index_urls: list[Url] = []
     find_links: list[FindLink] = []
-    no_deps: bool = False
-    force_reinstall: bool = False
-    pre: bool = False
+    no_deps: StrictBool = False
+    force_reinstall: StrictBool = False
+    pre: StrictBool = False
 
     @field_validator("packages")
     @classmethod
@@ -263,7 +293,7 @@ class WeightDir(Model):
     path: ContainerPath
     env: Optional[EnvKey] = None
     source: Line = ""
-    gated: bool = False
+    gated: StrictBool = False
     auth_hint: Optional[Line] = None
     size_gb: Optional[float] = Field(default=None, ge=0)
     files: list[WeightFile] = []
@@ -309,7 +339,7 @@ def _module(value: str) -> str:
 class Witnesses(Model):
     imports: list[Annotated[str, AfterValidator(_module)]] = []
     cli: list[CliCheck] = []
-    kernel: bool = False
+    kernel: StrictBool = False
     collectives: Optional[Collectives] = None
     dtensor: Optional[DTensorCheck] = None
 
@@ -331,6 +361,8 @@ class Spec(Model):
     python: str = Field(description="the env's interpreter, MAJOR.MINOR, e.g. '3.11'")
     system_pkgs: list[DebPkg] = []
     pip_phases: list[Phase] = Field(default=[], description="each phase is ONE pip call, in this order")
+    allow_env: list[Literal[ALLOWABLE_ENV]] = Field(  # type: ignore[valid-type]
+        default=[], description="env keys refused by default that this spec may set: " + ", ".join(ALLOWABLE_ENV))
     env: dict[EnvKey, Line] = {}
     run_commands: list[Line] = []
     shim_files: dict[ContainerPath, ShimSource] = Field(default={}, description="container path -> file under specs/")
@@ -352,15 +384,6 @@ class Spec(Model):
     def _python(cls, value: str) -> str:
         if not PYTHON_RE.match(value):
             raise ValueError(f"{value!r} is not a Python version like '3.11' (quote it in YAML)")
-        return value
-
-    @field_validator("env", "labels", mode="before")
-    @classmethod
-    def _stringify(cls, value: Any) -> Any:
-        # YAML reads `PORT: 8080` as an int; an env value is always a string.
-        if isinstance(value, dict):
-            return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (int, float, bool)) else v
-                    for k, v in value.items()}
         return value
 
     @field_validator("sm_range")

@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 import jinja2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from envport.core.layout import env_prefix
 from envport.core.proc import run
-from envport.core.errors import EnvportError, SpecError
+from envport.core.errors import EnvportError
 from envport.witness.launchers.base import WITNESS_DIR, LaunchResult
 from envport.witness.launchers.docker import DockerLauncher
 from envport.witness.launchers.local import LocalLauncher
 from envport.witness.launchers.srun import SrunLauncher, venv_prelude
-from envport.spec.loader import problems_from, read_yaml
+from envport.spec.yamlfile import load_model
 from envport.core.progress import Progress, quiet, tail
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.witness.run import call_results
@@ -170,11 +170,7 @@ def load_cluster(ref: str, root: Optional[Path]) -> ClusterProfile:
         known = ", ".join(cluster_names(root)) or "none"
         raise EnvportError(f"cluster profile {path} not found (known: {known}); "
                            f"copy slurm/clusters/example-gpu.yaml to slurm/clusters/{ref}.yaml")
-    raw = read_yaml(path)
-    try:
-        return ClusterProfile.model_validate(raw.data)
-    except ValidationError as exc:
-        raise SpecError(problems_from(exc, raw, str(path))) from None
+    return load_model(path, ClusterProfile, "cluster profile", "slurm/clusters/example-gpu.yaml")
 
 
 # --- rendering -----------------------------------------------------------------
