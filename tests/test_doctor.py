@@ -195,6 +195,12 @@ def test_torch_sees_a_gpu_nvidia_smi_does_not(tmp_path, project):
     assert (report["testable"]["tier"], report["testable"]["route"]) == ("basic", "local")
     assert report["arch"][0]["detail"] == "sm_90 runs via sm_90"
     assert report["driver"]["floor"] == "580" and report["driver"]["ok"] is None
+    proc = run_envport("doctor", "--python", str(fake), "--write-docs", root=project, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "GPUs torch sees: 1 ([0] NVIDIA H200 cc 9.0)" in proc.stdout
+    text = (project / "docs" / "infra.md").read_text()
+    assert "- GPUs torch sees: 1 ([0] NVIDIA H200, cc 9.0)" in text
+    assert "**1 free GPU(s), tier basic, route local**" in text
 
 
 @pytest.mark.parametrize("driver,driver_cuda,torch_cuda,ok,floor", [

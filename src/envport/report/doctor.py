@@ -341,6 +341,10 @@ def render_text(report: dict) -> str:
         lines.append("GPUs: none listed by nvidia-smi" + (f" ({inv['error']})" if inv.get("error") else
                                                            " (nvidia-smi not found)" if inv["nvidia_smi"] is None
                                                            else ""))
+    devices = report["torch"].get("devices") or []
+    if not inv["gpus"] and devices:
+        lines.append(f"GPUs torch sees: {len(devices)} ("
+                     + "; ".join(f"[{d['index']}] {d['name']} cc {d['capability']}" for d in devices) + ")")
     census = report.get("census") or {}
     if census.get("note"):
         lines.append(f"  note: {census['note']}")
