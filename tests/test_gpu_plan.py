@@ -313,3 +313,20 @@ def test_nccl_timeout_sits_inside_the_deadline():
     assert dist.pg_timeout_s({"deadline": 300.0, "nccl_timeout": 0.0, "gloo_timeout": 120.0}, "gloo") == 120.0
 
 
+
+
+def test_slurm_job_plans_nccl_from_the_profiles_gres(project):
+    """proteomics-gpu (gpus 1, collectives world 2) on a gpu:1 allocation: NCCL at world 1, gloo at 2."""
+    import yaml
+
+    from .support import run_envport
+
+    profile = yaml.safe_load((project / "slurm" / "clusters" / "example-gpu.yaml").read_text())
+    profile.update(name="one-gpu", gres="gpu:1")
+    (project / "slurm" / "clusters" / "one-gpu.yaml").write_text(yaml.safe_dump(profile))
+    proc = run_envport("slurm", "submit", "proteomics-gpu", "--cluster", "one-gpu", "--target", "venv",
+                       "--dry-run", root=project, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    dist_lines = [ln for ln in proc.stdout.splitlines() if "dist.py" in ln]
+    assert [("--world-size 2 --device cpu" in ln, "--world-size 1 --device cuda" in ln) for ln in dist_lines] == [
+        (True, False), (False, True)], dist_lines

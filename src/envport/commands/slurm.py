@@ -94,6 +94,8 @@ def run_submit(args) -> int:
     t0 = time.monotonic()
     results, facts = ([refusal], {"cluster": profile.name}) if refusal is not None else \
         slurm.run_job(job, slurm.render(job, slurm.node_cpu_limit(profile.partition)), progress=progress)
+    if refusal is None:  # what the allocation's GPUs cannot hold, each SKIPPED with its reason
+        results += _plan(loaded.spec, opts, profile).skipped
     result = overall(results, time.monotonic() - t0)
     if not args.no_ledger and refusal is None:
         from envport.report import ledger
@@ -117,10 +119,17 @@ def run_submit(args) -> int:
     return result.data["exit_code"]
 
 
+def _plan(spec, opts, profile):
+    """The witness calls for the allocation the profile asks for: NCCL worlds from its gres GPUs."""
+    from envport.engines.gpu import census_from_gres
+    from envport.witness.run import plan_witnesses
+
+    return plan_witnesses(spec, opts, census_from_gres(profile.gres))
+
+
 def _job(args, loaded, identity, profile, opts):
     """The batch job for --target: the image the site built (docker) or the env on the nodes (venv)."""
     from envport.witness import slurm_job as slurm
-    from envport.witness.run import plan
     from envport.witness.scripts.envport_sentinel import FAULT_ENV
 
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
@@ -132,7 +141,7 @@ def _job(args, loaded, identity, profile, opts):
     else:
         prefix = args.prefix or slurm.default_prefix(loaded.spec.name, profile)
     return slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
-                         calls=plan(loaded.spec, opts), job_dir=slurm.new_job_dir(profile, loaded.spec.name),
+                         calls=_plan(loaded.spec, opts, profile).calls, job_dir=slurm.new_job_dir(profile, loaded.spec.name),
                          env=env, image=image, prefix=prefix)
 
 

@@ -584,11 +584,7 @@ def log_tail(text: str, n: int = 25) -> list[str]:
 
 
 def _step_name(call, check: str) -> str:
-    if check == "collectives":
-        return f"collectives (world {call.world})"
-    if check == "dtensor":
-        return f"dtensor (mesh {'x'.join(str(m) for m in call.mesh)})"
-    return check
+    return call.step_name(check)  # the name witness.run gives it (NCCL runs say so)
 
 
 PENDING_FIXES = {
