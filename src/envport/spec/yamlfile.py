@@ -174,12 +174,18 @@ class _Walk:
     def value(self, node: yaml.Node, path: tuple) -> Any:
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
+            self.tag(node, "map")
             return self.mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
+            self.tag(node, "seq")
             return [self.value(item, path + (i,)) for i, item in enumerate(node.value)]
         if node.style is None and node.tag != f"{_TAG_PREFIX}str":
             self.plain[path] = node.value
         return self.scalar(node)
+
+    def tag(self, node: yaml.Node, kind: str) -> None:
+        if node.tag != f"{_TAG_PREFIX}{kind}":
+            raise self.error(node, f"YAML tag {node.tag!r} is not supported", "remove the tag")
 
     def scalar(self, node: yaml.Node) -> Any:
         if not isinstance(node, yaml.ScalarNode):
@@ -201,8 +207,12 @@ class _Walk:
             if key is None:
                 raise self.error(key_node, "a mapping key must not be empty", "write `key: value`")
             if key in out:
-                raise self.error(key_node, f"duplicate key {key!r} (first on line {self.lines[path + (key,)]}); "
-                                 "YAML would silently keep only the last", "remove one of them")
+                read_as = "" if key_node.value == key else f", both read by YAML as {key!r}"
+                raise self.error(key_node, f"duplicate key {key_node.value!r} (first on line "
+                                 f"{self.lines[path + (key,)]}{read_as}); YAML would silently keep only the last",
+                                 "remove one of them (or quote the keys)")
+            if not isinstance(key, str) and key_node.style is None:
+                self.plain[path + (key, "[key]")] = key_node.value  # `ON:` is the key True in YAML 1.1
             self.lines[path + (key,)] = key_node.start_mark.line + 1
             out[key] = self.value(value_node, path + (key,))
             # A key's own line, not its value's, names the field (`env:` above its mapping).
@@ -274,7 +284,8 @@ FIXES = {
 def format_loc(loc: tuple) -> str:
     text = ""
     for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        index = isinstance(part, int) and not isinstance(part, bool)
+        text += f"[{part}]" if index else (f".{part}" if text else str(part))
     return text
 
 
@@ -336,7 +347,10 @@ def _yaml_reading(text: str, value: Any) -> str:
 def problems_from(exc: ValidationError, raw: RawSpec, label: str, model: type[BaseModel] | None = None) -> list[Problem]:
     problems = []
     for err in exc.errors(include_url=False):
+        plain = raw.plain.get(tuple(err["loc"]))  # a scalar's (or a key's) source text, if YAML changed it
         loc, line = yaml_loc(err["loc"], raw.lines)
+        if plain is not None and err["loc"][-1] == "[key]":
+            loc = loc[:-1] + (plain,)  # name the key as written (`ON`), not as YAML read it (True)
         kind = err["type"]
         msg = err["msg"]
         fix = FIXES.get(kind, "")
@@ -349,11 +363,10 @@ def problems_from(exc: ValidationError, raw: RawSpec, label: str, model: type[Ba
                 msg += f"; did you mean {close[0]!r}?"
         elif kind == "missing":
             msg = "required field is missing"
-        elif kind == "string_type" and loc in raw.plain:
+        elif kind == "string_type" and plain is not None:
             # The user wrote text; YAML 1.1 made it something else (0755 -> 493, yes -> true).
-            text = raw.plain[loc]
-            msg = f"expected text, but {_yaml_reading(text, err.get('input'))}"
-            fix = f"quote it: '{text}'"
+            msg = f"expected text, but {_yaml_reading(plain, err.get('input'))}"
+            fix = f"quote it: '{plain}'"
         problems.append(Problem(label, line, format_loc(loc), msg, fix))
     return problems
 
