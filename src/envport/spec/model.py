@@ -234,7 +234,8 @@ DebPkg = Annotated[str, AfterValidator(_deb_pkg)]
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # YAML reads 1e99999 as inf and .nan as nan: no size, memory or count is either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _phase_from_list(value: Any) -> Any:
