@@ -242,3 +242,23 @@ def test_cli_reports_extends_errors_with_exit_2_and_writes_nothing(tmp_path: Pat
             assert proc.returncode == 2, proc.stdout + proc.stderr
             assert f"{tmp_path.resolve() / 'specs' / where}" in proc.stderr, proc.stderr
     assert not (tmp_path / "images").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink-loop", "directory", "fifo", "alias"])
+def test_a_parent_that_cannot_be_read_is_one_problem_naming_it(tmp_path: Path, kind: str):
+    import os
+
+    write_specs(tmp_path, {"child": {"name": "child", "extends": "parent", **BASE}})
+    parent = tmp_path / "specs" / "parent.yaml"
+    if kind == "symlink-loop":
+        os.symlink("parent.yaml", parent)
+    elif kind == "directory":
+        parent.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(parent)  # opened blocking, this would hang the load forever
+    else:
+        parent.write_text(f"name: parent\n{yaml.safe_dump(BASE)}system_pkgs: &p [git]\nrun_commands: *p\n")
+    [p] = problems(tmp_path, "child")
+    assert Path(p.file).name == "parent.yaml"
+    assert {"symlink-loop": "symlink loop", "directory": "is a directory", "fifo": "not a regular file",
+            "alias": "YAML anchor &p is not supported"}[kind] in p.message
