@@ -33,7 +33,7 @@ def run(args) -> int:
             raise EnvportError(f"{args.log}: {exc.strerror or exc}; pass a log file, or - for stdin") from None
     found = diagnose(text.splitlines())
     if args.json:
-        json.dump({"command": "diagnose", "exit_code": 0 if found else 1,
+        json.dump({"command": "diagnose", "exit_code": 0 if found else 1, "steps": [], "problems": [],
                    "diagnoses": [d.to_dict() for d in found]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0 if found else 1

@@ -41,4 +41,4 @@ def run(args) -> int:
             results.append(check_spec(loaded))
             continue
         results.append(lock_spec(loaded, load_site(args.site, root), root, stderr_progress))
-    return report(results, args.json)
+    return report(results, args.json, command="lock")

@@ -55,7 +55,7 @@ def run(args) -> int:
         ledger.record(loaded.root, loaded.spec, kind="weights", target=args.host or "local",
                       hash_=resolve(loaded, site, "venv").hash, result=result, action=args.action,
                       weights_root=str(root))
-    return report([result], args.json)
+    return report([result], args.json, command="weights")
 
 
 def venv_bin(name: str):
