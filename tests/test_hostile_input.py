@@ -218,3 +218,12 @@ def test_each_file_error_alone_and_under_json(broken_project, name):
     data = json.loads(proc.stdout)
     assert data["command"] == "validate" and data["exit_code"] == 2 and data["steps"] == []
     assert [p["file"] for p in data["problems"]] == [str(path)]
+
+
+def test_a_file_too_large_for_a_spec_is_refused_unread(tmp_path):
+    spec = tmp_path / "specs" / "big.yaml"
+    spec.parent.mkdir()
+    spec.write_bytes(b"# " + b"x" * (300 * 1024) + b"\n")
+    proc = envport("validate", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"{spec}: <top>: is larger than 256 KiB"), proc.stderr[:300]
