@@ -32,6 +32,12 @@ schema:
 build name *args:
     envport build "$@"
 
+# Preflight, build, weights, verify, witness in one command: `just up demo-cpu venv` (or docker, apptainer).
+up name target *args:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    envport up "$1" --target "$2" "${@:3}"
+
 # Verify a built env with the spec's testinfra assertions.
 verify name *args:
     envport verify "$@"

@@ -64,9 +64,10 @@ def run(args) -> int:
     results: list[StepResult] = []
     start = time.monotonic()
     for name in STEPS:
-        if results and not results[-1].verdict.ok:
-            results.append(StepResult(name, Verdict.SKIPPED, f"not run: {results[-1].step} is "
-                                      f"{results[-1].verdict.value}; fix it and re-run `envport up`"))
+        stop = next((r for r in results if not r.verdict.ok), None)
+        if stop is not None:
+            results.append(StepResult(name, Verdict.SKIPPED, f"not run: {stop.step} is {stop.verdict.value}; "
+                                      "fix it and re-run `envport up`"))
             continue
         stderr_progress(f"envport: [up] {name}")
         t0 = time.monotonic()
@@ -227,6 +228,6 @@ def _witness(ctx):
     # The failing checks' own tails: what the diagnosis table reads.
     r.lines = [ln for s in steps if not s.verdict.ok for ln in [f"{s.step}: {s.detail}", *s.lines]]
     weight_steps = [s for s in steps if s.step.startswith("weight ")]
-    r.data = {"checks": len(steps), "weights": [{"step": s.step, "detail": s.detail, **s.data} for s in weight_steps],
+    r.data = {"witness_checks": len(steps), "weights": [{"step": s.step, "detail": s.detail, **s.data} for s in weight_steps],
               "launcher": launcher.describe()}
     return r

@@ -158,6 +158,11 @@ def render_doc(name: str, records: list[dict]) -> str:
         if failed:
             f = failed[-1]
             lines.append(f"last failure: {f['when'][:10]} {f['kind']} {f.get('target', '?')}: {f.get('summary', '')}")
+        # Host properties `envport up` diagnosed (seed 004): the next user of this env here sees them.
+        gotchas = {r.get("diagnosis"): r for r in recs if r.get("kind") == "gotcha"}
+        for g in gotchas.values():
+            lines.append(f"gotcha: {g['when'][:10]} {g.get('target', '?')} at {g.get('host', '?')}: "
+                         f"{g.get('symptom', '')} [{g.get('diagnosis')}] -> {g.get('fix', '')}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
