@@ -216,7 +216,7 @@ def _witness(ctx):
         return StepResult("witness", Verdict.SKIPPED, f"no witness launcher for --target {args.target} in this "
                           "envport yet")
     opts = WitnessOptions(deadline_s=args.deadline, weights=True)
-    ns = argparse.Namespace(target=args.target, host=args.host, python=None, image=None, site=args.site)
+    ns = argparse.Namespace(target=args.target, host=args.host, python=None, image=None, sif=None, site=args.site)
     launcher, facts = witness_cmd._launcher(ns, loaded, ctx["identity"], opts)
     opts.on_step = lambda r: ctx["progress"](f"envport: [witness] {r.line()}")
     t0 = time.monotonic()
