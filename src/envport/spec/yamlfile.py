@@ -56,19 +56,16 @@ def read_bytes(path: Path, label: str | None = None, limit: int = MAX_BYTES) -> 
         st = os.stat(path)
     except OSError as exc:
         raise _problem(label, *_os_reason(exc)) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise _problem(label, "is a directory, not a file", "remove or rename the directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise _problem(label, "is not a regular file (a FIFO, socket or device); envport would block reading it",
-                       "replace it with a regular file")
+    if (why := _not_a_file(st.st_mode)) is not None:
+        raise _problem(label, *why)
     try:
         # O_NONBLOCK: the file may have been swapped for a FIFO since the stat.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise _problem(label, *_os_reason(exc)) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _problem(label, "is not a regular file", "replace it with a regular file")
+        if (why := _not_a_file(os.fstat(fd).st_mode)) is not None:
+            raise _problem(label, *why)
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, 65536)
@@ -84,6 +81,15 @@ def read_bytes(path: Path, label: str | None = None, limit: int = MAX_BYTES) -> 
         raise _problem(label, f"is larger than {limit // 1024} KiB; not a hand-written YAML file",
                        "check the path")
     return b"".join(chunks)
+
+
+def _not_a_file(mode: int) -> tuple[str, str] | None:
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file", "remove or rename the directory"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a FIFO, socket or device); reading it could block", \
+            "replace it with a regular file"
+    return None
 
 
 def _os_reason(exc: OSError) -> tuple[str, str]:
@@ -103,11 +109,8 @@ def _os_reason(exc: OSError) -> tuple[str, str]:
 def unreadable(path: Path) -> tuple[str, str] | None:
     """Why a file that will be read later (a shim source) cannot be: (message, fix), or None."""
     try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            return "is a directory, not a file", "point it at a file"
-        if not stat.S_ISREG(st.st_mode):
-            return "is not a regular file (a FIFO, socket or device)", "replace it with a regular file"
+        if (why := _not_a_file(os.stat(path).st_mode)) is not None:
+            return why
         os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
     except OSError as exc:
         return _os_reason(exc)
@@ -213,10 +216,9 @@ class _Walk:
                                  "remove one of them (or quote the keys)")
             if not isinstance(key, str) and key_node.style is None:
                 self.plain[path + (key, "[key]")] = key_node.value  # `ON:` is the key True in YAML 1.1
-            self.lines[path + (key,)] = key_node.start_mark.line + 1
-            out[key] = self.value(value_node, path + (key,))
             # A key's own line, not its value's, names the field (`env:` above its mapping).
             self.lines[path + (key,)] = key_node.start_mark.line + 1
+            out[key] = self.value(value_node, path + (key,))
         return out
 
     def error(self, node: yaml.Node, message: str, fix: str) -> SpecError:
