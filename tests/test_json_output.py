@@ -97,3 +97,16 @@ def test_the_envelope_is_documented():
     from .support import REPO
     cli = (REPO / "docs" / "cli.md").read_text()
     assert '"command"' in cli and '"exit_code"' in cli and '"steps"' in cli and '"problems"' in cli
+
+
+def test_a_spec_problem_in_any_command_under_json_is_the_envelope(project):
+    (project / "specs" / "typo.yaml").write_text("name: typo\nbase: debian:bookworm-slim\npython: '3.11'\n"
+                                                 "witnesess: {kernel: true}\n")
+    for args, command in ((("build", "typo", "--target", "venv", "--json"), "build"),
+                          (("show", "typo", "--json"), "show"),
+                          (("verify", "typo", "--target", "venv", "--json"), "verify")):
+        proc = run_envport(*args, root=project, timeout=120)
+        data = envelope_of(proc, command)
+        assert proc.returncode == 2 and data["steps"] == []
+        [p] = data["problems"]
+        assert (p["line"], p["field"]) == (4, "witnesess") and "did you mean 'witnesses'?" in p["message"]

@@ -117,3 +117,25 @@ def test_the_checkout_holds_no_ledger():
     tracked = subprocess.run(["git", "ls-files", "images"], cwd=REPO, capture_output=True, text=True,
                              check=True).stdout.split()
     assert not [p for p in tracked if p.endswith(("ledger.json", "ledger.lock"))], tracked
+
+
+def test_a_site_profile_names_where_its_ledgers_live(tmp_path, monkeypatch):
+    from envport.core.verdict import StepResult, Verdict
+    from envport.plan.site import load_site
+    from envport.spec.model import Spec
+
+    monkeypatch.delenv(ledger.STATE_DIR_VAR, raising=False)
+    root = tmp_path / "proj"
+    (root / "sites").mkdir(parents=True)
+    (root / "specs").mkdir()
+    (root / "sites" / "cluster.yaml").write_text(f"name: cluster\nledger_dir: {tmp_path / 'shared-ledgers'}\n")
+    site = load_site("cluster", root)
+    spec = Spec(name="env1", base="debian:bookworm-slim", python="3.11")
+    ledger.record(root, spec, kind="build", target="venv", hash_=H1, result=StepResult("build", Verdict.OK, "x"),
+                  site=site)
+    path = ledger.ledger_path(root, "env1", site.ledger_dir)
+    assert (tmp_path / "shared-ledgers") in path.parents and path.is_file()
+    env = {k: v for k, v in os.environ.items() if k != ledger.STATE_DIR_VAR}
+    out = json.loads(run_envport("ledger", "env1", "--site", "cluster", "--json", root=root, env=env, timeout=60,
+                                 check=True).stdout)
+    assert out["ledger"] == str(path) and [r["kind"] for r in out["records"]] == ["build"]
