@@ -124,3 +124,13 @@ def test_direct_references_render_build_and_verify(tmp_path: Path):
     assert verify.returncode == 0, out
     assert f"pip[tinygit@{sha}]" in out, out
     assert "pip[tinywheel==0.2]" in out, out
+
+
+def test_validate_prints_the_branch_warning_and_passes(tmp_path: Path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "b.yaml").write_text(
+        'name: b\nbase: debian:bookworm-slim\npython: "3.11"\n'
+        'pip_phases:\n  - ["tool @ git+https://github.com/example/tool@main"]\n')
+    proc = envport("validate", "b", root=tmp_path, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING  " in proc.stderr and "ref 'main' is not a full commit sha" in proc.stderr

@@ -21,13 +21,19 @@ def register(sub) -> None:
 def run(args) -> int:
     from envport.core.verdict import StepResult, Verdict, envelope, print_json
     from envport.recipe.identity import portable
+    from envport.spec.model import requirement_warnings
 
     loaded_specs, problems = load_each(args)
     results = []
     for loaded in loaded_specs:
         ident = portable(loaded)
+        # Valid, but not reproducible (a git branch ref): said, never an error.
+        warnings = [f"{loaded.path}: {where}: {msg}" for where, msg in requirement_warnings(loaded.spec)]
+        for w in warnings if not args.json else ():
+            print(f"WARNING  {w}", file=sys.stderr)
         results.append(StepResult(f"validate {loaded.spec.name}", Verdict.OK, f"{ident.ref} ({loaded.path})",
-                                  data={"env": loaded.spec.name, "hash": ident.hash, "file": str(loaded.path)}))
+                                  data={"env": loaded.spec.name, "hash": ident.hash, "file": str(loaded.path),
+                                        "warnings": warnings}))
     if args.json:
         # The valid specs' steps and every problem, in one document; the exit code says which won.
         print_json(envelope("validate", 2 if problems else 0, results, problems))
