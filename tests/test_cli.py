@@ -4,6 +4,7 @@ specs point editors at it, and start-up stays light."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -154,3 +155,9 @@ def test_site_and_cluster_profiles_read_through_the_same_hardened_helper(tmp_pat
     with pytest.raises(SpecError) as exc:
         load_cluster(str(cluster), None)
     assert str(exc.value.problems[0]).startswith(f"{cluster}:3: <top>: YAML alias *t is not supported")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opened blocking, this would hang
+    for load in (lambda: load_cluster(str(fifo), None), lambda: load_site(str(fifo), tmp_path)):
+        with pytest.raises(SpecError) as exc:
+            load()
+        assert str(exc.value.problems[0]).startswith(f"{fifo}: <top>: is not a regular file")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -112,7 +113,8 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
     """A site by name (sites/<name>.yaml) or path; `local` falls back to built-in defaults."""
     ref = name_or_path or DEFAULT_SITE
     path = Path(ref) if ref.endswith((".yaml", ".yml")) else root / SITES_DIR / f"{ref}.yaml"
-    if not path.is_file():
+    # lexists, not is_file: a directory, FIFO or unreadable file is reported by the reader, not as missing.
+    if not os.path.lexists(path):
         if ref == DEFAULT_SITE:
             return Site(name=DEFAULT_SITE)
         raise EnvportError(f"site profile {path} not found; create it or pass --site local")

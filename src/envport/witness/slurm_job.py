@@ -165,8 +165,9 @@ def load_cluster(ref: str, root: Optional[Path]) -> ClusterProfile:
     else:
         candidates = ([root / CLUSTERS_DIR / f"{ref}.yaml"] if root else []) + \
                      [packaged_clusters_dir() / f"{ref}.yaml"]
-        path = next((p for p in candidates if p.is_file()), candidates[0])
-    if not path.is_file():
+        path = next((p for p in candidates if os.path.lexists(p)), candidates[0])
+    # lexists, not is_file: a directory, FIFO or unreadable file is reported by the reader, not as missing.
+    if not os.path.lexists(path):
         known = ", ".join(cluster_names(root)) or "none"
         raise EnvportError(f"cluster profile {path} not found (known: {known}); "
                            f"copy slurm/clusters/example-gpu.yaml to slurm/clusters/{ref}.yaml")
