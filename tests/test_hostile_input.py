@@ -65,6 +65,7 @@ HOSTILE = {
     "block-nesting": "name: x\n" + "".join(" " * i + f"k{i}:\n" for i in range(40)),
     "huge-int": spec_with("env:\n  BIG: " + "9" * 900 + "\n"),
     "huge-float": spec_with("resources: {mem_gib: 1e99999}\n"),
+    "huge-count": spec_with("resources: {cpus: " + "9" * 900 + "}\n"),
     "huge-sexagesimal": spec_with("env:\n  T: " + ":".join(["59"] * 300) + "\n"),
     "long-string": spec_with("description: " + "x" * 900 + "\n"),
     "many-keys": spec_with("env:\n" + "".join(f"  K{i}: v\n" for i in range(100))),
@@ -226,4 +227,4 @@ def test_a_file_too_large_for_a_spec_is_refused_unread(tmp_path):
     spec.write_bytes(b"# " + b"x" * (300 * 1024) + b"\n")
     proc = envport("validate", str(spec), cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"{spec}: <top>: is larger than 256 KiB"), proc.stderr[:300]
+    assert proc.stderr.startswith(f"{spec}: <top>: is larger than 64 KiB"), proc.stderr[:300]

@@ -31,8 +31,11 @@ from pydantic import BaseModel, ValidationError
 from envport.core.errors import Problem, SpecError
 
 # Far above any real spec (the largest committed one is ~3 KB); a bound, not a style rule.
-MAX_BYTES = 256 * 1024
+MAX_BYTES = 64 * 1024
 MAX_DEPTH = 32
+# A number or date written with more characters than this is not one a person meant
+# (YAML would build a 100k-digit int from `59:59:...`, slowly); refused before it is built.
+MAX_NUMBER_CHARS = 100
 
 
 @dataclass
@@ -163,6 +166,7 @@ class _Composer(yaml.SafeLoader):
 
 _TAG_PREFIX = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {f"{_TAG_PREFIX}{t}" for t in ("str", "int", "float", "bool", "null", "timestamp")}
+_NUMBER_TAGS = {f"{_TAG_PREFIX}{t}" for t in ("int", "float", "timestamp")}
 
 
 class _Walk:
@@ -177,43 +181,47 @@ class _Walk:
     def value(self, node: yaml.Node, path: tuple) -> Any:
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
-            self.tag(node, "map")
+            self.tag(node, "map", path)
             return self.mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
-            self.tag(node, "seq")
+            self.tag(node, "seq", path)
             return [self.value(item, path + (i,)) for i, item in enumerate(node.value)]
         if node.style is None and node.tag != f"{_TAG_PREFIX}str":
             self.plain[path] = node.value
-        return self.scalar(node)
+        return self.scalar(node, path)
 
-    def tag(self, node: yaml.Node, kind: str) -> None:
+    def tag(self, node: yaml.Node, kind: str, path: tuple) -> None:
         if node.tag != f"{_TAG_PREFIX}{kind}":
-            raise self.error(node, f"YAML tag {node.tag!r} is not supported", "remove the tag")
+            raise self.error(node, f"YAML tag {node.tag!r} is not supported", "remove the tag", path)
 
-    def scalar(self, node: yaml.Node) -> Any:
+    def scalar(self, node: yaml.Node, path: tuple) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(node, "a mapping key must be a plain value, not a list or mapping",
-                             "write `key: value`")
+                             "write `key: value`", path)
         if node.tag not in _SCALAR_TAGS:
-            raise self.error(node, f"YAML tag {node.tag!r} is not supported", "remove the tag")
+            raise self.error(node, f"YAML tag {node.tag!r} is not supported", "remove the tag", path)
+        if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+            kind = {"int": "a whole number", "float": "a number"}.get(node.tag[len(_TAG_PREFIX):], "a date")
+            raise self.error(node, f"{kind} written with {len(node.value)} characters (at most {MAX_NUMBER_CHARS})",
+                             "quote it if it is text", path)
         try:
             return self.constructor.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
-            raise self.error(node, f"cannot read the value {node.value[:40]!r}: {exc}", "quote it") from None
+            raise self.error(node, f"cannot read the value {node.value[:40]!r}: {exc}", "quote it", path) from None
 
     def mapping(self, node: yaml.MappingNode, path: tuple) -> dict:
         out: dict = {}
         for key_node, value_node in node.value:
             if key_node.tag == f"{_TAG_PREFIX}merge":
-                raise self.error(key_node, "YAML merge keys (<<) are not supported", "write the keys out")
-            key = self.scalar(key_node)
+                raise self.error(key_node, "YAML merge keys (<<) are not supported", "write the keys out", path)
+            key = self.scalar(key_node, path)
             if key is None:
-                raise self.error(key_node, "a mapping key must not be empty", "write `key: value`")
+                raise self.error(key_node, "a mapping key must not be empty", "write `key: value`", path)
             if key in out:
                 read_as = "" if key_node.value == key else f", both read by YAML as {key!r}"
                 raise self.error(key_node, f"duplicate key {key_node.value!r} (first on line "
                                  f"{self.lines[path + (key,)]}{read_as}); YAML would silently keep only the last",
-                                 "remove one of them (or quote the keys)")
+                                 "remove one of them (or quote the keys)", path)
             if not isinstance(key, str) and key_node.style is None:
                 self.plain[path + (key, "[key]")] = key_node.value  # `ON:` is the key True in YAML 1.1
             # A key's own line, not its value's, names the field (`env:` above its mapping).
@@ -221,8 +229,8 @@ class _Walk:
             out[key] = self.value(value_node, path + (key,))
         return out
 
-    def error(self, node: yaml.Node, message: str, fix: str) -> SpecError:
-        return _problem(self.label, message, fix, node.start_mark.line + 1)
+    def error(self, node: yaml.Node, message: str, fix: str, path: tuple) -> SpecError:
+        return SpecError([Problem(self.label, node.start_mark.line + 1, format_loc(path), message, fix)])
 
 
 def parse(text: str, path: Path, label: str | None = None) -> RawSpec:
@@ -346,6 +354,10 @@ def _yaml_reading(text: str, value: Any) -> str:
     return f"{text!r} is read by YAML as {kind} ({value!r})" if kind else f"{text!r} is read by YAML as a date ({value})"
 
 
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def problems_from(exc: ValidationError, raw: RawSpec, label: str, model: type[BaseModel] | None = None) -> list[Problem]:
     problems = []
     for err in exc.errors(include_url=False):
@@ -367,8 +379,8 @@ def problems_from(exc: ValidationError, raw: RawSpec, label: str, model: type[Ba
             msg = "required field is missing"
         elif kind == "string_type" and plain is not None:
             # The user wrote text; YAML 1.1 made it something else (0755 -> 493, yes -> true).
-            msg = f"expected text, but {_yaml_reading(plain, err.get('input'))}"
-            fix = f"quote it: '{plain}'"
+            msg = f"expected text, but {_yaml_reading(_short(plain), err.get('input'))}"
+            fix = f"quote it: '{_short(plain)}'"
         problems.append(Problem(label, line, format_loc(loc), msg, fix))
     return problems
 
