@@ -4,7 +4,7 @@
 A skipped test proves nothing, so a green CI may contain only the skips declared
 (with why) in tests/allowed_skips.py. Prints how many skips were allowed and why,
 and names every other one with its reason.
-    usage: check_skips.py [REPORT]   (default reports/junit.xml)
+    usage: check_skips.py [REPORT [ROOTDIR]]   (default reports/junit.xml, the checkout)
     exit 0: every skip is allowed; 1: a skip is not, or the report has no tests;
     2: the report is missing or unreadable
 """
@@ -22,18 +22,18 @@ sys.path.insert(0, str(REPO))
 from tests.allowed_skips import allowed  # noqa: E402
 
 
-def nodeid(classname: str, name: str) -> str:
-    """JUnit's dotted classname back to a pytest node id: the longest dotted prefix that is a file
-    is the module, the rest are classes (tests.test_x.TestY + test_z -> tests/test_x.py::TestY::test_z)."""
+def nodeid(classname: str, name: str, rootdir: Path = REPO) -> str:
+    """JUnit's dotted classname back to a pytest node id: the longest dotted prefix that is a file under
+    ROOTDIR is the module, the rest are classes (tests.test_x.TestY + test_z -> tests/test_x.py::TestY::test_z)."""
     parts = classname.split(".")
     for i in range(len(parts), 0, -1):
         path = "/".join(parts[:i]) + ".py"
-        if (REPO / path).is_file():
+        if (rootdir / path).is_file():
             return "::".join([path, *parts[i:], name])
     return f"{classname}::{name}"
 
 
-def skips(report: Path) -> tuple[int, list[tuple[str, str]]]:
+def skips(report: Path, rootdir: Path = REPO) -> tuple[int, list[tuple[str, str]]]:
     """(number of test cases, [(node id, skip message)])."""
     root = ET.parse(report).getroot()
     cases = list(root.iter("testcase"))
@@ -41,14 +41,15 @@ def skips(report: Path) -> tuple[int, list[tuple[str, str]]]:
     for case in cases:
         for skipped in case.findall("skipped"):
             message = skipped.get("message") or (skipped.text or "").strip()
-            found.append((nodeid(case.get("classname", ""), case.get("name", "")), message))
+            found.append((nodeid(case.get("classname", ""), case.get("name", ""), rootdir), message))
     return len(cases), found
 
 
 def main(argv: list[str]) -> int:
     report = Path(argv[1] if len(argv) > 1 else REPO / "reports" / "junit.xml")
+    rootdir = Path(argv[2]) if len(argv) > 2 else REPO
     try:
-        total, found = skips(report)
+        total, found = skips(report, rootdir)
     except (OSError, ET.ParseError) as exc:
         print(f"check_skips: cannot read the JUnit report {report}: {exc}", file=sys.stderr)
         return 2
