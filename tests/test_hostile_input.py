@@ -228,3 +228,38 @@ def test_a_file_too_large_for_a_spec_is_refused_unread(tmp_path):
     proc = envport("validate", str(spec), cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"{spec}: <top>: is larger than 64 KiB"), proc.stderr[:300]
+
+
+# ---- any text at all: a spec or a SpecError, never another exception ----------------------------
+
+YAML_ALPHABET = "abcn: -[]{}&*!|>'\"#%@`,?~\n\t 0123456789.eE+_x<=\\\x00\xe9"
+
+
+def _yamlish():
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(["name: x\n", "base: debian:bookworm-slim\n", "python: '3.11'\n", "env:\n  ", "&a ",
+                              "*a ", "!!binary ", "<<: ", "? ", "- ", "[", "]", "{", "}", "0755", "yes", "1e999",
+                              "12:30:00", "2024-13-45", "\t", "---\n", "...\n", "  k: v\n", '"\\x"', "'", "%YAML 1.1\n"])
+    return st.lists(st.one_of(pieces, st.text(YAML_ALPHABET, max_size=20)), max_size=40).map("".join)
+
+
+def test_any_text_is_a_spec_or_problems_never_an_exception(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+
+    from envport.core.errors import SpecError
+    from envport.spec.loader import load_spec
+
+    (tmp_path / "specs").mkdir()
+    path = tmp_path / "specs" / "x.yaml"
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(_yamlish())
+    def check(text):
+        path.write_text(text, encoding="utf-8", errors="surrogateescape")
+        try:
+            load_spec("x", tmp_path)
+        except SpecError as exc:
+            assert exc.problems and all(p.file == str(path) for p in exc.problems)
+
+    check()
