@@ -13,14 +13,29 @@ def register(sub) -> None:
                        "same content hash exists (checked, not assumed). docker: image envport/<name>:<hash12>; "
                        "apptainer: <sif_dir>/<name>-<hash12>.sif (site profile; default .cache/sif), with apptainer where it is "
                        "on PATH, else envport's own .def builder (docs/apptainer.md); venv/conda: the rendered setup script run "
-                       "locally or over SSH (--host, a site host alias or an ssh destination). Every build is "
+                       "locally or over SSH (--host, a site host alias or an ssh destination); a venv/conda env is `present` only "
+                       "when its hash AND its installed distributions are what its build recorded, and otherwise "
+                       "every step is replayed into a fresh env that replaces the old one only when it succeeded "
+                       "(one build per env at a time: a second waits, at most ENVPORT_LOCK_WAIT seconds). Every "
+                       "build ends with a pin check: each package the spec pins with == in the last phase naming "
+                       "it is what the env has, else FAILED [pin_mismatch] naming the fix. venv/conda never "
+                       "install system packages unasked: missing ones are REFUSED [system_pkgs_missing] with the "
+                       "command to run, unless --install-system-pkgs. SIGTERM/SIGINT stop the build's whole "
+                       "process tree (over SSH too) and envport waits for it. Every build is "
                        "recorded in this machine's ledger (`envport ledger NAME`; `--write-docs` regenerates docs/envs/<name>.md).")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--target", choices=BUILD_TARGETS, default="venv",
                    help="what to build (default: venv, which needs no daemon)")
     p.add_argument("--site", default=None, help="site profile from sites/ (default: local)")
     p.add_argument("--host", default=None, help="venv/conda: build on this SSH host (site alias or destination)")
-    p.add_argument("--rebuild", action="store_true", help="build even when present")
+    p.add_argument("--rebuild", action="store_true", help="build even when present (venv/conda: from nothing)")
+    p.add_argument("--check", action="store_true",
+                   help="venv/conda: only report whether the env is present (its hash and installed "
+                   "distributions are what its build recorded) and what differs; exit 1 when not; builds nothing")
+    p.add_argument("--install-system-pkgs", action="store_true",
+                   help="venv/conda: install the spec's missing system packages with apt-get (or dnf) as root, "
+                   "showing its output. Without it envport never changes the host's packages: it checks them "
+                   "(dpkg-query/rpm, versions included) and REFUSES [system_pkgs_missing] with the command to run")
     p.add_argument("--no-cache", action="store_true", help="docker: do not reuse the engine's layer cache")
     p.add_argument("--from-docker", action="store_true",
                    help="apptainer: make the SIF from the built docker image envport/<name>:<hash12> "
@@ -57,6 +72,12 @@ def _fast_present(args) -> int | None:
 
 
 def run(args) -> int:
+    if (args.check or args.install_system_pkgs) and args.target not in ("venv", "conda"):
+        from envport.core.errors import EnvportError
+
+        flag = "--check" if args.check else "--install-system-pkgs"
+        raise EnvportError(f"{flag} is for --target venv or conda (a {args.target} build installs system "
+                           "packages inside the image and is present only when built)", exit_code=2)
     fast = _fast_present(args)
     if fast is not None:
         return fast
@@ -118,4 +139,4 @@ def _build(args, loaded, site, root, identity, progress):
     from envport.build import shell
 
     return shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,
-                       progress=progress)
+                       check=args.check, install_system_pkgs=args.install_system_pkgs, progress=progress)

@@ -11,6 +11,7 @@ command, never mistaken for a stopped engine.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import json
@@ -261,3 +262,14 @@ def export_rootfs(image: str, dest: Path, docker: str = "docker") -> None:
         subprocess.run([docker, "rm", "-f", cid], capture_output=True, env=cli_env(), timeout=120)
     (dest / ".dockerenv").unlink(missing_ok=True)
 
+
+def run_in_image(client, image: str, argv: list[str], timeout: float = 120) -> tuple[int, str]:
+    """Run ARGV in a throwaway container of IMAGE (no network): (exit code, output)."""
+    container = client.containers.create(image, argv, network_disabled=True, entrypoint=[])
+    try:
+        container.start()
+        rc = container.wait(timeout=timeout).get("StatusCode", 1)
+        return rc, container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)

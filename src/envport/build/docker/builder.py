@@ -23,6 +23,7 @@ HF_TOKEN never lands in a layer, the history or a label.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -40,6 +41,7 @@ from envport.core.verdict import StepResult, Verdict
 from envport.build.docker import context as docker_context
 from envport.engines.docker import NO_BUILDKIT_FIX, buildkit_cli, connect, get_image, run_buildkit
 from envport.build.docker.log import BuildkitLog, LegacyLog, StepRef, instruction_steps
+from envport.build.pins import check_image as pin_check
 
 TARGET = "docker"
 
@@ -229,6 +231,13 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
     if image.labels.get("envport.hash") != hash_:
         return StepResult(step, Verdict.FAILED, f"built image {image_id[:19]} lacks envport.hash={hash_[:12]}",
                           seconds=seconds)
+    # A build that says OK holds the spec's pins; a failing image gets no tag, so it is never `present`.
+    python = next(s.venv for s in plan.steps if s.kind == "python") + "/bin/python"
+    progress(f"envport: [docker] pin check in {image.id[:19]}")
+    failed = pin_check(client, image.id, plan, python, step)
+    if failed is not None:
+        return dataclasses.replace(failed, seconds=seconds,
+                                   data={"image": tag, "image_id": image.id, "builder": builder})
     _tag(client, image, name, hash_, previous)
     size = image.attrs.get("Size", 0)
     return StepResult(step, Verdict.OK,
