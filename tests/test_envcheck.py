@@ -113,3 +113,33 @@ def test_the_scan_inside_a_real_venv_sees_installs_and_lost_files(tmp_path):
     shutil.rmtree(next(site.glob("gamma-*.dist-info")))
     gone = subprocess.run([py, "-I", "-c", src, "compare", str(record)], capture_output=True, text=True, timeout=60)
     assert gone.stdout.startswith("gamma 1.0 is missing; epsilon lost 1"), gone.stdout
+
+
+def test_the_docker_builder_checks_pins_before_it_tags(docker_client, base_image, project, throwaway_images,
+                                                      tmp_path):
+    """A docker build whose later phase moved a pinned package is FAILED [pin_mismatch] and left untagged,
+    so it is never `present`; a build whose pins hold is tagged.  Wheels: tests/tinywheels.py, through the
+    site's wheelhouse (host pip pointed at them only)."""
+    import yaml
+
+    from .support import run_envport, tags_of, unique
+
+    wheels = make_wheelhouse(tmp_path / "wheels")
+    env = pip_env(wheels, tmp_path / "envs")
+    name = unique("pins")
+    throwaway_images.append(name)
+    spec = {"name": name, "base": base_image, "python": "3.11", "env": {"TINY_RUN": unique("run")},
+            "pip_phases": [["alpha==1.0"], ["beta==2.0"]]}  # beta 2.0 requires alpha>=2
+    (project / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    proc = run_envport("build", name, "--target", "docker", "--json", root=project, env=env, timeout=900)
+    out = json.loads(proc.stdout)
+    last = out["steps"][-1]
+    assert proc.returncode == 1 and last["reason"] == "pin_mismatch", proc.stdout + proc.stderr
+    assert last["detail"].startswith("alpha==1.0 (pinned by pip phase 1): alpha 2.0 won;"), last["detail"]
+    assert tags_of(docker_client, name) == []
+
+    spec["pip_phases"].append({"packages": ["alpha==1.0"], "no_deps": True, "force_reinstall": True})
+    (project / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    proc = run_envport("build", name, "--target", "docker", "--json", root=project, env=env, timeout=900)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["steps"][-1]["verdict"] == "OK", proc.stdout
+    assert len(tags_of(docker_client, name)) == 2  # :<hash12> and :latest

@@ -366,3 +366,39 @@ def test_check_and_install_flags_are_for_host_targets_only(proj):
     proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(proj.root), "build", NAME, "--target",
                            "docker", "--check"], capture_output=True, text=True, timeout=60, env=proj.env())
     assert proc.returncode == 2 and "--check is for --target venv or conda" in proc.stderr + proc.stdout
+
+
+def test_a_full_disk_mid_build_leaves_the_old_env_and_the_next_build_repairs(tmp_path, wheelhouse):
+    """ENOSPC while the new env is made: FAILED, the half-made env removed, the old env still present;
+    with space again, the next build ends equal to a fresh build.  The envs dir is a real tmpfs sized to
+    hold one env (~26 MB) but not two side by side."""
+    envs = tmp_path / "small"
+    envs.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(envs)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        proj = ShellProject(tmp_path / "project", envs, wheelhouse)
+        (proj.root / "specs").mkdir(parents=True)
+        shutil.copytree(REPO / "sites", proj.root / "sites")
+        old = spec_data(NAME, [["alpha==1.0"]])
+        proj.write(old)
+        assert proj.build(NAME).verdict == "OK"
+        new = spec_data(NAME, [["alpha==2.0", "epsilon==1.0"]])
+        proj.write(new)
+        full = proj.build(NAME)
+        assert full.rc == 1 and full.verdict == "FAILED", full.why()
+        # ensurepip or pip dies of ENOSPC (its own words vary); the script names the step it stopped at.
+        assert any("FAILED at step" in ln for ln in full.last["lines"]), full.why()
+        builds = envs / f".{NAME}.builds"
+        assert [p.name for p in builds.iterdir()] == [os.readlink(proj.prefix(NAME)).rsplit("/", 1)[1]]
+        proj.write(old)
+        assert proj.build(NAME).verdict == "present", "the old env must be whole after the failed build"
+        subprocess.run(["mount", "-o", "remount,size=120m", str(envs)], check=True)
+        proj.write(new)
+        built = proj.build(NAME)
+        assert built.verdict == "OK", built.why()
+        assert_fresh(proj, new, "after-full")
+    finally:
+        subprocess.run(["umount", "-l", str(envs)], capture_output=True)
