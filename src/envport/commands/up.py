@@ -11,6 +11,7 @@ the host is the cause the symptom and fix are recorded for the env's doc.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -198,6 +199,10 @@ def _verify(ctx):
         from envport.verify.docker import verify
 
         r = verify(loaded, ctx["site"], root, progress=ctx["progress"])
+    elif importlib.util.find_spec("envport.verify.sif") is not None:
+        from envport.verify.sif import verify as verify_sif
+
+        r = verify_sif(loaded, ctx["site"], root, progress=ctx["progress"])
     else:
         return StepResult("verify", Verdict.SKIPPED, f"no verify backend for --target {args.target} in this "
                           "envport yet (the witness step still runs inside the env)")
