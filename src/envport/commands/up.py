@@ -134,6 +134,13 @@ def _step(name, inner, detail=None):
                       lines=list(inner.lines), seconds=inner.seconds, data=dict(inner.data))
 
 
+def _parsed(command, name: str, *argv: str) -> argparse.Namespace:
+    """`command`'s own arguments for argv: every option it has, at its own default (a new one included)."""
+    parser = argparse.ArgumentParser(prog="envport")
+    command.register(parser.add_subparsers())
+    return parser.parse_args([name, *argv])
+
+
 def _preflight(ctx):
     from envport.build.preflight import DEFAULT_MARGIN_GB, Context, preflight
     from envport.report import ledger
@@ -157,9 +164,10 @@ def _build(ctx):
     from envport.report import ledger
 
     args = ctx["args"]
-    # commands/build.py's dispatcher, with build's own defaults for the options up does not offer.
-    ns = argparse.Namespace(target=args.target, host=args.host, site=args.site, rebuild=False, no_cache=False,
-                            check=False, install_system_pkgs=False, json=False, root=str(ctx["root"]))
+    # commands/build.py's dispatcher, with build's own defaults (its parser's) for the options up does not offer.
+    ns = _parsed(build_cmd, "build", args.spec, "--target", args.target,
+                 *(["--host", args.host] if args.host else []), *(["--site", args.site] if args.site else []))
+    ns.root = str(ctx["root"])
     results = build_cmd._build(ns, ctx["loaded"], ctx["site"], ctx["root"], ctx["identity"], ctx["progress"])
     last = results[-1]
     ledger.record(ctx["root"], ctx["loaded"].spec, kind="build", target=args.target, hash_=ctx["identity"].hash,
@@ -221,7 +229,8 @@ def _witness(ctx):
         return StepResult("witness", Verdict.SKIPPED, f"no witness launcher for --target {args.target} in this "
                           "envport yet")
     opts = WitnessOptions(deadline_s=args.deadline, weights=True)
-    ns = argparse.Namespace(target=args.target, host=args.host, python=None, image=None, sif=None, site=args.site)
+    ns = _parsed(witness_cmd, "witness", args.spec, "--target", args.target,
+                 *(["--host", args.host] if args.host else []), *(["--site", args.site] if args.site else []))
     launcher, facts = witness_cmd._launcher(ns, loaded, ctx["identity"], opts)
     opts.on_step = lambda r: ctx["progress"](f"envport: [witness] {r.line()}")
     t0 = time.monotonic()
