@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envport.plan import Plan, PipStep, step_marker
+from envport.plan.steps import CONTAINER_UV, UV_VERSION
 
 
 def title(step) -> str:
@@ -54,4 +55,8 @@ def context(plan: Plan, hash_: str) -> dict:
         ],
         "own_env": own_env(plan, hash_),
         "own_labels": own_labels(plan, hash_),
+        # uv installs the pip phases when the site says so (PipStep.installer); never part of the env.
+        "uses_uv": any(isinstance(s, PipStep) and s.installer == "uv" for s in steps),
+        "uv_version": UV_VERSION,
+        "uv_path": CONTAINER_UV,
     }

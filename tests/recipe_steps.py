@@ -22,7 +22,7 @@ def _run_kind(command: str) -> str:
         return "system"
     if re.match(r"^python3?\.?\d*\.?\d* -m venv ", command):
         return "python"
-    if command.startswith("python -m pip install"):
+    if command.startswith(("python -m pip install", "/opt/envport-tools/uv pip install")):
         return "pip"
     if command.startswith("mkdir -p "):
         return "weights"
@@ -61,6 +61,8 @@ def dockerfile_steps(text: str) -> list[tuple[str, str]]:
             if value.startswith(("VIRTUAL_ENV=", "ENVPORT_HASH=", "PIP_CERT=")):
                 continue  # part of the python / labels / ca step
             steps.append(("env", value))
+        elif kind == "COPY" and '"/opt/envport/locks/' in value:
+            continue  # a locked phase's requirements: part of the pip step whose RUN follows
         elif kind == "COPY" and value.startswith('["ca-bundle.crt"'):
             steps.append(("ca", value))
         elif kind == "COPY":

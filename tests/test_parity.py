@@ -109,5 +109,7 @@ def test_script_parity(root, name, flavour):
     assert script_steps(text) == plan.markers()
     for step in plan.steps:
         if step.kind == "pip":
+            # A locked phase reads the requirements the script writes into the env it builds.
+            req = f' -r "$BUILD/.envport/locks/{step.marker}.txt"' if step.locked else ""
             assert "-m pip install --disable-pip-version-check " + " ".join(
-                shlex.quote(a) for a in step.pip_args()) in text
+                shlex.quote(a) for a in step.pip_args("")) + req in text

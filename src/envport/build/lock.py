@@ -226,7 +226,7 @@ def check_spec(loaded) -> StepResult:
                       f"({len(lock.final())} distributions, {lock.python}, {lock.platform})")
 
 
-_PIP_FROM = re.compile(r"^\s*(\S+==\S+) from (\S+?):?\s*$")
+_PIP_FROM = re.compile(r"^\s*(\S+==\S+) from (\S+?)(?: \(from .*\))?:?\s*$")
 _UV_FOR = re.compile(r"[Hh]ash mismatch for `([^`]+)`")
 _HEX = re.compile(r"\b([0-9a-f]{64})\b")
 

@@ -25,6 +25,10 @@ CONTAINER_VENV = "/opt/envport/venv"
 # apptainer mounts the host's /tmp over the image's during %post).
 CONTAINER_LOCKS = "/opt/envport/locks"
 INSTALLERS = ("pip", "uv")
+# uv, when a site installs with it: the PyPI wheel's binary, mounted (docker) or copied then
+# removed (.def) at CONTAINER_UV, or installed once per host beside the envs (shell scripts).
+UV_VERSION = "0.13.9"
+CONTAINER_UV = "/opt/envport-tools/uv"
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,10 @@ class PipStep:
         return args + self.flag_args() + list(self.packages)
 
     def uv_args(self, requirements: str | None = None) -> list[str]:
-        """The same phase for `uv pip install`: uv spells two flags its own way."""
+        """The same phase for `uv pip install`: uv spells two flags its own way, and by default takes a
+        name only from the first index that has it, where pip takes the best match of all of them."""
         spelled = {"--force-reinstall": "--reinstall", "--pre": "--prerelease=allow"}
-        return [spelled.get(a, a) for a in self.pip_args(requirements)]
+        return ["--index-strategy", "unsafe-best-match"] + [spelled.get(a, a) for a in self.pip_args(requirements)]
 
     def source_args(self) -> list[str]:
         """Where the spec says this phase's distributions come from."""

@@ -181,6 +181,11 @@ def _base(client, plan: Plan, site: Site) -> StepResult:
 def _wheelhouse(loaded: Loaded, site: Site, root: Path, resolved, cli: Optional[str],
                 progress: Progress) -> Optional[StepResult]:
     """The env's wheelhouse when the site installs from one (None when it does not)."""
+    uv = any(s.kind == "pip" and s.installer == "uv" for s in resolved.plan.steps)
+    if uv and cli is None:
+        return StepResult(f"build {resolved.identity.image_tag}", Verdict.REFUSED,
+                          f"site {site.name!r} installs with uv, bind-mounted with RUN --mount, which needs "
+                          f"BuildKit, and no docker client here runs it; {NO_BUILDKIT_FIX}", reason="no_buildkit")
     if not any(s.kind == "pip" and s.uses_wheelhouse for s in resolved.plan.steps):
         return None
     if cli is None:
@@ -209,6 +214,12 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
         context.mkdir()
         docker_context.write_context(context, rendering, plan, wheelhouse,
                                      docker_context.build_dir(root) / docker_context.PHASES_CACHE, progress)
+        if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
+            from envport.build.tools import stage_uv
+
+            failed = stage_uv(context, root, progress)
+            if failed is not None:
+                return failed
         how = f"BuildKit via {cli}" if cli else "legacy builder (docker SDK)"
         progress(f"envport: [docker] building {tag} ({how}, network {site.network}"
                  f"{', no cache' if no_cache else ''})")
