@@ -191,6 +191,7 @@ def _weights(ctx):
                                progress=ctx["progress"])
         if not staged.verdict.ok:
             return _step("weights", staged)
+        return _step("weights", r, f"{r.detail}; {staged.detail.replace('the host', args.host)}")
     return _step("weights", r)
 
 
