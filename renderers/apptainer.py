@@ -22,6 +22,7 @@ from .common import context
 BUILD_DIR = "/opt/envport-build"
 BUILD_CA = f"{BUILD_DIR}/ca-bundle.crt"
 BUILD_WHEELHOUSE = f"{BUILD_DIR}/wheelhouse"
+BUILD_UV = f"{BUILD_DIR}/uv"  # the site installer's binary (tools/uv in the context), removed with BUILD_DIR
 # Where the plan's pip arguments (plan/site.py) expect the wheelhouse during a container build.
 PLAN_WHEELHOUSE = "/tmp/envport-wheelhouse"
 
@@ -39,7 +40,8 @@ def bootstrap(base) -> tuple[str, str]:
 
 
 def _pip_args(step) -> list[str]:
-    return [BUILD_WHEELHOUSE if a == PLAN_WHEELHOUSE else a for a in step.pip_args()]
+    args = step.uv_args() if step.installer == "uv" else step.pip_args()
+    return [BUILD_WHEELHOUSE if a == PLAN_WHEELHOUSE else a for a in args]
 
 
 def render(plan, hash_: str) -> dict[str, str]:
@@ -50,7 +52,8 @@ def render(plan, hash_: str) -> dict[str, str]:
     ca = steps.get("ca")
     ctx["ca"] = dataclasses.replace(ca, path=BUILD_CA) if ca else None
     ctx["wheelhouse"] = BUILD_WHEELHOUSE if any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps) else ""
-    ctx["build_dir"] = BUILD_DIR if ca or ctx["wheelhouse"] else ""
+    ctx["uv"] = BUILD_UV if ctx["uses_uv"] else ""
+    ctx["build_dir"] = BUILD_DIR if ca or ctx["wheelhouse"] or ctx["uv"] else ""
     ctx["bootstrap"], ctx["bootstrap_from"] = bootstrap(plan.steps[0])
     # Each locked phase's requirements, where its `pip install -r` reads them (recipe/render.py
     # writes them into the build context as locks/<marker>.txt).

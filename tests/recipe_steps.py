@@ -101,7 +101,7 @@ def def_markers(text: str) -> list[str]:
             kind = "system"
         elif re.match(r"^python\d\.\d+ -m venv ", line):
             kind = "python"
-        elif line.startswith("python -m pip install"):
+        elif line.startswith(("python -m pip install", "/opt/envport-build/uv pip install")):
             pip_n += 1
             kind = f"pip-{pip_n}"
         elif line.startswith("chmod "):

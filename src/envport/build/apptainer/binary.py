@@ -55,6 +55,12 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
                 os.chmod(path, mode)
             if any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps):
                 shutil.copytree(site.wheelhouse_path(root, loaded.spec.name), Path(ctx) / WHEELHOUSE_CONTEXT_NAME)
+            if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
+                from envport.build.tools import stage_uv
+
+                failed = stage_uv(Path(ctx), root, progress)
+                if failed is not None:
+                    return [failed]
             source = f"{loaded.spec.name}.def"
         argv = [binary, "build", "--force"] + ([] if os.geteuid() == 0 else ["--fakeroot"]) + \
             [str(partial), source]

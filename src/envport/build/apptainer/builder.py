@@ -146,6 +146,12 @@ class SifBuild:
             results.append(ensure_wheelhouse(self.loaded, self.site, self.root, self.progress))
             if not results[-1].verdict.ok:
                 return results
+        if not from_docker and any(s.kind == "pip" and s.installer == "uv" for s in self.resolved.plan.steps):
+            from envport.build.tools import ensure_uv
+
+            _, failed = ensure_uv(self.root, self.progress)
+            if failed is not None:
+                return results + [failed]
         work = self._work_dir()
         try:
             result = self._from_docker(work) if from_docker else self._from_def(work)
@@ -229,6 +235,11 @@ class SifBuild:
             for wheel in sorted(src.iterdir()):
                 if wheel.is_file() and not wheel.name.startswith("."):
                     _link_or_copy(wheel, dest / wheel.name)
+        if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
+            from envport.build.tools import uv_path
+
+            (context / "tools").mkdir(exist_ok=True)
+            _link_or_copy(uv_path(self.root), context / "tools" / "uv")  # fetched by build() beforehand
         return context
 
     def _from_def(self, work: Path) -> StepResult:
