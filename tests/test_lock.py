@@ -196,3 +196,15 @@ def test_installer_output_names_the_file_and_both_digests():
 def test_freeze_comparison_ignores_case_separators_and_the_venv_seed():
     assert normalize_freeze(["Typing_Extensions==4.1", "pip==23.2", "six==1.16.0"]) == \
         ["six==1.16.0", "typing-extensions==4.1"]
+
+
+def test_parity_fails_targets_that_agree_with_each_other_but_not_with_the_lock(tiny):
+    from envport.report.parity import TargetFacts, differences
+
+    loaded = _lock(tiny)
+    good = {"envport-ta": "1.0", "envport-tb": "2.0", "envport-tc": "3.0"}
+    facts = [TargetFacts(t, build=check_spec(loaded), python=PY, packages=dict(good)) for t in ("docker", "venv")]
+    assert differences(loaded, facts) == []
+    for f in facts:
+        f.packages["envport-tc"] = "3.1"
+    assert [d.line() for d in differences(loaded, facts)] == ["lock envport-tc: lock 3.0, docker 3.1, venv 3.1"]

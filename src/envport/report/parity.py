@@ -1,7 +1,7 @@
 """Cross-backend parity: the same spec built on every target this host can run, then compared.
 
-For each target (docker image, venv here, venv on each SSH site host, conda
-where a conda is on PATH) the env is built, or found `present`, and probed
+For each target (docker image, the SIF built from the .def, venv here, venv on
+each SSH site host, conda where a conda is on PATH) the env is built, or found `present`, and probed
 from inside, the way a user would use it (`docker run IMAGE`, `. bin/activate`):
 
 - `pip freeze --all`, names normalized (PEP 503), without the installer's own
@@ -188,6 +188,20 @@ def probe_ssh(host, prefix: str, names: list[str]) -> tuple[Optional[int], str]:
     return _probe(ssh_argv(host) + [remote], stdin=PROBE)
 
 
+def probe_sif(sif: str, names: list[str]) -> tuple[Optional[int], str]:
+    """The probe inside a SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""
+    from envport.engines import sif_run
+
+    if sif_run.runtime() == "apptainer":
+        return _probe(sif_run.apptainer_argv(sif, ["python3", "-", *names]), stdin=PROBE)
+    missing = sif_run.missing_tools("ch-run")
+    if missing:
+        return None, f"{', '.join(missing)} not found: the SIF is probed with ch-run where apptainer is absent"
+    with sif_run.mounted(Path(sif)) as mnt:
+        return _probe(sif_run.ch_run_argv(str(mnt), ["python3", "-", *names]), stdin=PROBE,
+                      env=sif_run.ch_run_env())
+
+
 def same_machine(host) -> bool:
     """True when the SSH host is this machine (same machine-id and hostname), e.g. the test sshd."""
 
@@ -207,7 +221,7 @@ def same_machine(host) -> bool:
 
 @dataclass
 class ParityOptions:
-    targets: tuple[str, ...] = ("docker", "venv", "ssh", "conda")
+    targets: tuple[str, ...] = ("docker", "apptainer", "venv", "ssh", "conda")
     hosts: Optional[list[str]] = None  # SSH site hosts; None: every host of the site profile
     local_envs_dir: Optional[str] = None  # None: $ENVPORT_ENVS_DIR or ~/.envport/envs
     ssh_envs_dir: Optional[str] = None  # None: $ENVPORT_SSH_ENVS_DIR, else a separate dir when the host is here
@@ -241,7 +255,8 @@ def run_parity(loaded: Loaded, site, opts: ParityOptions, progress: Progress = q
 def _probed(f: TargetFacts, label: str, results: list[StepResult], probe) -> TargetFacts:
     """Record the build; when it went through, probe the env where it lives (`probe(where)` -> (rc, text))."""
     if _skip_or_fail(f, results):
-        f.where = results[-1].data.get("image") or results[-1].data.get("prefix") or ""
+        data = results[-1].data
+        f.where = data.get("image") or data.get("sif") or data.get("prefix") or ""
         rc, text = probe(f.where)
         problem = _parse_probe(label, rc, text, f)
         if problem:
@@ -316,7 +331,19 @@ def _conda_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress)
 
 
 # Each target's runner: build (or find present), then probe; the order of `--target` is kept.
-TARGET_RUNNERS = {"docker": _docker_target, "venv": _venv_target, "ssh": _ssh_targets, "conda": _conda_target}
+def _apptainer_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+    """The SIF built from the .def (envport's builder where apptainer is absent), not from the docker image."""
+    from envport.build.apptainer import builder as sif_builder
+
+    f, t0 = TargetFacts("apptainer"), time.monotonic()
+    progress("parity: apptainer: building the SIF from the .def (or finding it present)")
+    results = sif_builder.build(loaded, site, loaded.root, rebuild=opts.rebuild, progress=progress)
+    _probed(f, "apptainer", results, lambda where: probe_sif(where, env_names(loaded)))
+    f.seconds = time.monotonic() - t0
+    return [f]
+
+
+TARGET_RUNNERS = {"docker": _docker_target, "apptainer": _apptainer_target, "venv": _venv_target, "ssh": _ssh_targets, "conda": _conda_target}
 
 
 def compared(facts: list[TargetFacts]) -> list[TargetFacts]:
@@ -340,7 +367,24 @@ def differences(loaded: Loaded, facts: list[TargetFacts]) -> list[Difference]:
         vals = {f.target: f.env.get(name) for f in ok}
         if len(set(vals.values())) > 1:
             diffs.append(Difference("env", name, vals))
+    # Agreeing with each other is not enough when the spec has a lock: each must BE the lock.
+    want = locked_packages(loaded)
+    if want is not None:
+        for name in sorted(set(want).union(*(f.packages for f in ok))):
+            vals = {f.target: f.packages.get(name) for f in ok}
+            if any(v != want.get(name) for v in vals.values()):
+                diffs.append(Difference("lock", name, {"lock": want.get(name), **vals}))
     return diffs
+
+
+def locked_packages(loaded: Loaded) -> Optional[dict[str, str]]:
+    """{name: version} the spec's lock promises after every pass (None: no lock that fits the spec)."""
+    from envport.plan.lock import current
+
+    lock = current(loaded)
+    if lock is None:
+        return None
+    return {n: d.version for n, d in lock.final().items() if n not in EXCLUDED_PACKAGES}
 
 
 def table(loaded: Loaded, facts: list[TargetFacts], diffs: list[Difference], width: int = 24) -> list[str]:
@@ -390,5 +434,6 @@ def judge(loaded: Loaded, facts: list[TargetFacts], diffs: list[Difference], sec
         return StepResult("parity", Verdict.FAILED, line, seconds=seconds)
     n_pkgs = len(ok_targets[0].packages)
     line = (f"{len(ok_targets)} targets agree ({', '.join(f.target for f in ok_targets)}): python "
-            f"{loaded.spec.python}, {n_pkgs} packages, {len(ok_targets[0].env)} env vars")
+            f"{loaded.spec.python}, {n_pkgs} packages, {len(ok_targets[0].env)} env vars"
+            f"{', every freeze equal to the lock' if locked_packages(loaded) is not None else ''}")
     return StepResult("parity", Verdict.OK, line, seconds=seconds)
