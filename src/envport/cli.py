@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A no-op docker build answers before the parser imports every command (commands/build.fast_argv).
+    from envport.commands.build import fast_argv
+
+    fast = fast_argv(sys.argv[1:] if argv is None else list(argv))
+    if fast is not None:
+        return fast
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -48,6 +48,34 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def fast_argv(argv: list[str]) -> int | None:
+    """`[-C ROOT] build NAME --target docker [--site S] [--json]` on a present image, answered before
+    argparse and the other command modules load; None for anything else (the full path decides).
+
+    The whole no-op build must stay well under BuildKit's own cached build, and Python's start-up
+    already takes most of that: building the parser imported every command module."""
+    from types import SimpleNamespace
+
+    root = None
+    if argv[:1] in (["-C"], ["--root"]) and len(argv) > 2:
+        root, argv = argv[1], argv[2:]
+    if argv[:1] != ["build"] or len(argv) < 2 or argv[1].startswith("-"):
+        return None
+    opts = {"--target": None, "--site": None}
+    as_json, rest = False, argv[2:]
+    while rest:
+        if rest[0] in opts and len(rest) > 1 and not rest[1].startswith("-"):
+            opts[rest[0]], rest = rest[1], rest[2:]
+        elif rest[0] == "--json":
+            as_json, rest = True, rest[1:]
+        else:
+            return None
+    if opts["--target"] != "docker":
+        return None
+    return _fast_present(SimpleNamespace(spec=argv[1], target="docker", site=opts["--site"], json=as_json,
+                                         root=root, rebuild=False, no_cache=False, no_lock=False))
+
+
 def _fast_present(args) -> int | None:
     """Docker `present` without loading the spec (see envport.build.docker.present)."""
     from pathlib import Path

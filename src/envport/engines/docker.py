@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import http.client
 import json
 import os
 import shutil
 import signal
 import subprocess
 import threading
-import urllib.parse
-import socket
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -156,40 +153,8 @@ def run_buildkit(argv: list[str], cwd: Path, on_line: Callable[[str], None]) -> 
             signal.signal(signal.SIGTERM, previous)
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, socket_path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
-
-
-def _engine_socket() -> str | None:
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    return host[len("unix://"):] if host.startswith("unix://") else None
-
-
-def image_labels(tag: str, timeout: float = 2.0) -> dict | None:
-    """The image's labels from the engine's API, or None when it is absent or unreachable."""
-    sock = _engine_socket()
-    if sock is None:
-        return None
-    conn = _UnixHTTPConnection(sock, timeout)
-    try:
-        conn.request("GET", f"/images/{urllib.parse.quote(tag, safe='')}/json")
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return None
-        info = json.loads(resp.read())
-        return {"labels": (info.get("Config") or {}).get("Labels") or {}, "id": info.get("Id", ""),
-                "size": info.get("Size", 0)}
-    except (OSError, ValueError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
+# The fast `present` probe's one request lives in engines/docker_socket.py (socket + json only).
+from envport.engines.docker_socket import image_labels  # noqa: E402,F401
 
 
 def engine_problem(docker: str = "docker", timeout: float = 15) -> Optional[str]:

@@ -4,11 +4,14 @@ Loading and validating a spec costs a few hundred milliseconds of imports;
 a present image should cost less than the `docker build` it replaces.  After
 every docker build that ends OK or present, the content hash is remembered
 under a digest of everything it could depend on: the bytes of every file in
-specs/ and sites/, the site's CA bundle, and envport's own code (templates
-included).  A later build whose digest matches asks the engine, over its unix
-socket with the stdlib, whether the tag still carries that hash in its label.
-Any doubt (another file, another engine, an image relabelled) falls through
-to the full path, which decides for real.
+specs/ (locks included) and sites/, the site's CA bundle, and envport's own
+code (templates included; by path, size and mtime: reading the package's
+bytes on every no-op build cost more than the engine's question).  A later
+build whose digest matches asks the engine, over its unix socket with
+nothing but `socket` and `json` (engines/docker_socket.py), whether the tag
+still carries that hash in its label.  Any doubt (another file, another
+engine, an image relabelled) falls through to the full path, which decides
+for real.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 from pathlib import Path
 
 CACHE_DIR = Path(".cache") / "present"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # src/envport: every layer can change the hash
 
 
 def _code_dirs() -> list[Path]:
@@ -30,12 +33,17 @@ def _code_dirs() -> list[Path]:
     return dirs
 
 
-def _tree_digest(h, base: Path, suffixes: tuple[str, ...] | None = None) -> None:
+def _tree_digest(h, base: Path, suffixes: tuple[str, ...] | None = None, stat_only: bool = False) -> None:
     if not base.is_dir():
         return
     for path in sorted(base.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and (suffixes is None or path.suffix in suffixes):
-            h.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
+            if stat_only:
+                st = path.stat()
+                what = f"{st.st_size}:{st.st_mtime_ns}".encode()
+            else:
+                what = path.read_bytes()
+            h.update(str(path.relative_to(base)).encode() + b"\0" + what + b"\0")
 
 
 def inputs_digest(root: Path, name: str, site_name: str | None) -> str:
@@ -43,7 +51,7 @@ def inputs_digest(root: Path, name: str, site_name: str | None) -> str:
     _tree_digest(h, root / "specs")
     _tree_digest(h, root / "sites")
     for d in _code_dirs():
-        _tree_digest(h, d, (".py", ".j2", ".sh", ".json"))
+        _tree_digest(h, d, (".py", ".j2", ".sh", ".json"), stat_only=True)
     # The CA bundle's bytes enter the hash; its path is in the site file.
     site_file = root / "sites" / f"{site_name or 'local'}.yaml"
     if site_file.is_file():
@@ -65,12 +73,6 @@ def remember(root: Path, name: str, site_name: str | None, hash_: str, tag: str)
                  json.dumps({"digest": inputs_digest(root, name, site_name), "hash": hash_, "tag": tag}))
 
 
-
-
-
-
-
-
 def present(root: Path, name: str, site_name: str | None) -> dict | None:
     """{'hash', 'tag', 'id', 'size'} when the remembered image is certainly present, else None."""
     path = _cache_file(root, name, site_name)
@@ -80,7 +82,7 @@ def present(root: Path, name: str, site_name: str | None) -> dict | None:
         return None
     if cached.get("digest") != inputs_digest(root, name, site_name):
         return None
-    from envport.engines.docker import image_labels
+    from envport.engines.docker_socket import image_labels
 
     info = image_labels(cached["tag"])
     if info is None or info["labels"].get("envport.hash") != cached["hash"]:

@@ -1,0 +1,36 @@
+"""`envport build NAME --target docker` answers `present` before argparse: only that exact form takes the
+shortcut; every other command line goes to the full path (None), where argparse judges it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from envport.commands.build import fast_argv
+
+
+@pytest.mark.parametrize("argv", [
+    ["build", "demo-cpu"],                                     # default target is venv
+    ["build", "demo-cpu", "--target", "venv"],
+    ["build", "demo-cpu", "--target", "docker", "--rebuild"],  # a flag the shortcut does not know
+    ["build", "demo-cpu", "--target", "docker", "--no-lock"],
+    ["build", "--target", "docker", "demo-cpu"],               # NAME not first
+    ["build", "demo-cpu", "--target"],
+    ["render", "--all"],
+    ["-C", "/nonexistent", "build", "demo-cpu", "--target", "docker"],  # no specs/ there: full path
+])
+def test_anything_but_the_plain_docker_form_takes_the_full_path(argv):
+    assert fast_argv(argv) is None
+
+
+def test_the_shortcut_imports_no_command_module_but_build(tmp_path):
+    (tmp_path / "specs").mkdir()
+    code = ("import sys; from envport.commands.build import fast_argv; "
+            "fast_argv(['-C', sys.argv[1], 'build', 'x', '--target', 'docker']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('envport.commands', 'argparse', 'docker', "
+            "'http', 'pydantic', 'jinja2'))))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['argparse', 'envport.commands', 'envport.commands._common', 'envport.commands.build']"
