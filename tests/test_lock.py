@@ -9,6 +9,7 @@ the spec's python) runs without any network.
 from __future__ import annotations
 
 import base64
+import os
 import hashlib
 import sys
 import zipfile
@@ -208,3 +209,41 @@ def test_parity_fails_targets_that_agree_with_each_other_but_not_with_the_lock(t
     for f in facts:
         f.packages["envport-tc"] = "3.1"
     assert [d.line() for d in differences(loaded, facts)] == ["lock envport-tc: lock 3.0, docker 3.1, venv 3.1"]
+
+
+def _swap_tc(root: Path) -> tuple[str, str, str]:
+    """Replace envport-tc's wheel in the find-links dir by another build of it: (file, locked, found)."""
+    lock = load_for(load_spec("tiny", root))
+    victim = lock.phases[1].dists[0]
+    impostor = make_wheel(root / "other", "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 'not three'\n"})
+    (root / "wheels" / victim.file).write_bytes(impostor.read_bytes())
+    return victim.file, victim.sha256, hashlib.sha256(impostor.read_bytes()).hexdigest()
+
+
+def test_a_venv_build_with_a_swapped_wheel_fails_naming_it(tiny, tmp_path):
+    _lock(tiny)
+    fname, want, got = _swap_tc(tiny)
+    envs = tmp_path / "envs"
+    proc = run_envport("build", "tiny", "--target", "venv", root=tiny, timeout=300,
+                       env={**os.environ, "ENVPORT_ENVS_DIR": str(envs)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FAILED   build tiny (venv) [hash_mismatch]: {fname}: sha256 {got}, the lock says {want}" in proc.stdout
+    # Phase 2 installed nothing, and the env that failed was not swapped in.
+    assert not list(envs.glob("tiny/lib/python*/site-packages/envport_tc"))
+
+
+def test_a_docker_build_with_a_swapped_wheel_fails_before_building(tiny, base_image):
+    _lock(tiny)
+    (tiny / "sites" / "wh.yaml").write_text("name: wh\nnetwork: host\nwheelhouse: true\nwheelhouse_dir: wh\n"
+                                            "registry: false\n")
+    loaded = load_spec("tiny", tiny)
+    first = ensure_wheelhouse(loaded, Site(name="wh", wheelhouse=True, wheelhouse_dir="wh"), tiny, lambda _: None)
+    assert first.verdict is Verdict.OK, first.lines
+    lock = load_for(loaded)
+    victim = lock.phases[1].dists[0]
+    impostor = make_wheel(tiny / "other", "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 'not three'\n"})
+    (tiny / "wh" / "tiny" / victim.file).write_bytes(impostor.read_bytes())
+    proc = run_envport("build", "tiny", "--target", "docker", "--site", "wh", root=tiny, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED   wheelhouse [hash_mismatch]" in proc.stdout and victim.file in proc.stdout
+    assert victim.sha256 in proc.stdout and hashlib.sha256(impostor.read_bytes()).hexdigest() in proc.stdout
