@@ -65,7 +65,8 @@ def prefix_expr(env_name: str, prefix: Optional[str] = None, envs_dir: Optional[
 
 def probe_env(host, prefix_sh: str, connect_timeout: Optional[int] = None) -> tuple[Optional[int], str]:
     """(returncode, output) of one round trip: does the host answer, and does it hold the env?"""
-    check = f'P={prefix_sh}; if [ -x "$P/bin/python" ]; then echo "envport-ok $(cd "$P" && pwd -P)"; ' \
+    # `pwd -L`: a venv's name is a symlink to its current build (setup-venv.sh swaps it); report the name.
+    check = f'P={prefix_sh}; if [ -x "$P/bin/python" ]; then echo "envport-ok $(cd "$P" && pwd -L)"; ' \
             f'else echo "envport-noenv $P"; fi'
     limit = (connect_timeout or getattr(host, "connect_timeout", 5) or 5) + 5
     try:
