@@ -76,26 +76,21 @@ def test_parity_passes_across_docker_local_venv_and_venv_over_ssh(demo_image, lo
 
 @pytest.mark.ssh
 @pytest.mark.docker
-def test_an_injected_package_is_named_and_fails(demo_image, local_venv, ssh_venv, ssh_host,
-                                                session_project):
+def test_an_injected_package_is_named_and_repaired_by_the_build(demo_image, local_venv, ssh_venv, ssh_host,
+                                                               session_project):
+    """A package installed by hand into the host env: parity's build step finds the env not `present`
+    (its installed distributions differ from its build's record), names the package and rebuilds it,
+    so the targets agree again; the env is never reported as the spec's with the extra package in it."""
     name, version = INJECTED
     pip = f"{ssh_venv.prefix}/bin/pip"
     installed = subprocess.run(ssh_host.argv(f"{pip} install -q --no-deps {name}=={version}"),
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr
-    try:
-        proc = run_envport("parity", ENV_NAME, "--no-ledger", root=session_project,
-                           env=cli_env(ENVPORT_SSH_ENVS_DIR=ssh_venv.envs_dir), timeout=900)
-    finally:
-        # The shared env must be as it was for the tests after this one: a failed uninstall fails here.
-        removed = subprocess.run(ssh_host.argv(f"{pip} uninstall -q -y {name}"), capture_output=True, text=True,
-                                 timeout=300)
-    assert removed.returncode == 0, f"could not uninstall {name} from {ssh_venv.prefix}: {removed.stderr}"
+    proc = run_envport("parity", ENV_NAME, "--no-ledger", root=session_project,
+                       env=cli_env(ENVPORT_SSH_ENVS_DIR=ssh_venv.envs_dir), timeout=900)
+    assert f"changed since its build: {canonical(name)} {version} was added" in proc.stderr, proc.stderr
     still = subprocess.run(ssh_host.argv(f"{ssh_venv.prefix}/bin/python -m pip show -q {name}"),
                            capture_output=True, text=True, timeout=120)
     assert still.returncode != 0, f"{name} is still installed in {ssh_venv.prefix}"
-    assert proc.returncode == 1, fail_with(proc, "parity with an injected package")
-    assert f"DIFF     package {name}: docker -, venv -, venv@test {version}" in proc.stdout, proc.stdout
-    assert f"FAILED parity {ENV_NAME}: 1 difference(s): package {name}" in proc.stdout
-    # The table marks the row.
-    assert any(ln.startswith("!=") and f" {name} " in ln for ln in proc.stdout.splitlines()), proc.stdout
+    assert proc.returncode == 0, fail_with(proc, "parity after an injected package")
+    assert f"OK parity {ENV_NAME}:" in proc.stdout, proc.stdout
