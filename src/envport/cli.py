@@ -8,12 +8,15 @@ inside the functions that need them, so `envport render` starts fast.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
-from envport import __version__
-from envport.core.errors import EnvportError
+# argparse, the command modules and the error types are imported in the functions that use them:
+# a no-op `envport build NAME --target docker` answers before any of them (commands/fast.py).
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import argparse
+
+    from envport.core.errors import EnvportError
 
 # Order is the order of `envport --help`.
 COMMANDS = [
@@ -47,6 +50,11 @@ EXIT_CODES_HELP = """exit codes:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+    import importlib
+
+    from envport import __version__
+
     parser = argparse.ArgumentParser(
         prog="envport",
         description="Render one env spec (specs/<name>.yaml) to a Dockerfile, an Apptainer .def "
@@ -67,12 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # A no-op docker build answers before the parser imports every command (commands/build.fast_argv).
-    from envport.commands.build import fast_argv
+    from envport.commands.fast import fast_argv
 
     fast = fast_argv(sys.argv[1:] if argv is None else list(argv))
     if fast is not None:
         return fast
+    from envport.core.errors import EnvportError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

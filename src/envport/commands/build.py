@@ -48,55 +48,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def fast_argv(argv: list[str]) -> int | None:
-    """`[-C ROOT] build NAME --target docker [--site S] [--json]` on a present image, answered before
-    argparse and the other command modules load; None for anything else (the full path decides).
-
-    The whole no-op build must stay well under BuildKit's own cached build, and Python's start-up
-    already takes most of that: building the parser imported every command module."""
-    from types import SimpleNamespace
-
-    root = None
-    if argv[:1] in (["-C"], ["--root"]) and len(argv) > 2:
-        root, argv = argv[1], argv[2:]
-    if argv[:1] != ["build"] or len(argv) < 2 or argv[1].startswith("-"):
-        return None
-    opts = {"--target": None, "--site": None}
-    as_json, rest = False, argv[2:]
-    while rest:
-        if rest[0] in opts and len(rest) > 1 and not rest[1].startswith("-"):
-            opts[rest[0]], rest = rest[1], rest[2:]
-        elif rest[0] == "--json":
-            as_json, rest = True, rest[1:]
-        else:
-            return None
-    if opts["--target"] != "docker":
-        return None
-    return _fast_present(SimpleNamespace(spec=argv[1], target="docker", site=opts["--site"], json=as_json,
-                                         root=root, rebuild=False, no_cache=False, no_lock=False))
-
-
 def _fast_present(args) -> int | None:
-    """Docker `present` without loading the spec (see envport.build.docker.present)."""
-    from pathlib import Path
-
-    from envport.build.docker.present import present
-    if args.target != "docker" or args.rebuild or args.no_cache or args.no_lock or args.spec.endswith((".yaml", ".yml")):
+    """Docker `present` without loading the spec (commands/fast.py, build/docker/present.py)."""
+    if args.target != "docker" or args.rebuild or args.no_cache or args.no_lock:
         return None
-    root = Path(args.root).resolve() if args.root else Path.cwd()
-    if not (root / "specs" / f"{args.spec}.yaml").is_file():
-        return None  # not at the project root: the full path finds it
-    hit = present(root, args.spec, args.site)
-    if hit is None:
-        return None
-    from envport.core.verdict import StepResult, Verdict, report
+    from envport.commands.fast import answer
 
-    result = StepResult(f"image {hit['tag']}", Verdict.PRESENT, f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)",
-                        data={"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]})
-    code = report([result], args.json, command="build")
-    if not args.json:
-        print(f"present {args.spec}@{hit['hash'][:12]} --target docker")
-    return code
+    return answer(args.spec, args.site, args.root, args.json)
 
 
 def run(args) -> int:
