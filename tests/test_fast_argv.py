@@ -46,3 +46,19 @@ def test_the_plain_answer_is_the_verdict_modules_line(demo_image, capsys):
     size = demo_image.result["steps"][-1]["data"]["size"]
     want = StepResult(f"image {demo_image.tag}", Verdict.PRESENT, f"{demo_image.id[:19]} ({size / 1e9:.2f} GB)")
     assert code == 0 and out[0] == want.line()
+
+
+def test_the_json_answer_is_the_verdict_modules_json(demo_image, capsys):
+    import io
+
+    from envport.core.verdict import StepResult, Verdict, report
+
+    code = fast_argv(["-C", str(demo_image.root), "build", "demo-cpu", "--target", "docker", "--json"])
+    assert code == 0
+    data = demo_image.result["steps"][-1]["data"]
+    want = io.StringIO()
+    report([StepResult(f"image {demo_image.tag}", Verdict.PRESENT,
+                       f"{demo_image.id[:19]} ({data['size'] / 1e9:.2f} GB)",
+                       data={"image": demo_image.tag, "image_id": demo_image.id, "size": data["size"]})],
+           True, stream=want, command="build")
+    assert capsys.readouterr().out == want.getvalue()

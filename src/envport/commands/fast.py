@@ -3,9 +3,9 @@
 A no-op build has to be well ahead of BuildKit's own fully cached build
 (~0.12 s here), and the interpreter alone takes ~0.035 s to start, so this
 path imports only json, hashlib and socket (build/docker/present.py and
-engines/docker_socket.py): no argparse, no other command module, and, for
-the plain output, not even the verdict module (its line is written here in
-StepResult.line()'s format; tests/test_fast_argv.py holds them equal).
+engines/docker_socket.py): no argparse, no other command module, not even
+the verdict module (its line and its `--json` shape are written here;
+tests/test_fast_argv.py holds them equal to what core/verdict prints).
 Anything it does not recognise, or any doubt about the image, returns None
 and the full path decides.
 """
@@ -53,10 +53,14 @@ def answer(spec: str, site: str | None, root: str | None, as_json: bool) -> int 
         return None
     step, detail = f"image {hit['tag']}", f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)"
     if as_json:
-        from envport.core.verdict import StepResult, Verdict, report
+        import json
 
-        return report([StepResult(step, Verdict.PRESENT, detail, data={"image": hit["tag"], "image_id": hit["id"],
-                                                                          "size": hit["size"]})],
-                      True, command="build")
+        # core.verdict's `--json` shape (envelope of one StepResult.to_dict()), without importing it.
+        result = {"step": step, "verdict": "present", "detail": detail, "reason": "", "lines": [], "seconds": 0.0,
+                  "data": {"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]}}
+        json.dump({"command": "build", "exit_code": 0, "steps": [result], "problems": []}, sys.stdout, indent=2,
+                  ensure_ascii=False)
+        sys.stdout.write("\n")
+        return 0
     sys.stdout.write(f"{'present':<8} {step}: {detail}\npresent {spec}@{hit['hash'][:12]} --target docker\n")
     return 0
