@@ -10,7 +10,10 @@ def register(sub) -> None:
                        description="Download every pip phase's distributions for the env's python into "
                        "<site wheelhouse_dir>/<name>/ through the host's pip configuration; container builds "
                        "on a site with `wheelhouse: true` install from it with --no-index. `present` when "
-                       "the wheelhouse already holds every phase.")
+                       "the wheelhouse already holds every phase. With specs/<name>.lock it holds exactly the "
+                       "locked files (pip download --no-deps --require-hashes per phase), and every file's "
+                       "sha256 is checked against the lock: a file that differs is FAILED [hash_mismatch], "
+                       "named with both digests, before any build uses it.")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--site", default=None, help="site profile (default: local)")
     p.add_argument("--refresh", action="store_true", help="download again even when present")
