@@ -63,7 +63,7 @@ def test_parity_passes_across_docker_local_venv_and_venv_over_ssh(demo_image, lo
     out = json.loads(proc.stdout) if proc.stdout.startswith("{") else None
     assert proc.returncode == 0 and out, fail_with(proc, "envport parity")
     compared = {t["target"]: t for t in out["targets"] if not t["skipped"]}
-    assert set(compared) == {"docker", "venv", "venv@test"}, out["targets"]
+    assert set(compared) == {"docker", "apptainer", "venv", "venv@test"}, out["targets"]
     assert compared["docker"]["where"] == demo_image.tag
     assert compared["venv"]["where"] == local_venv.prefix and compared["venv@test"]["where"] == ssh_venv.prefix
     assert local_venv.prefix != ssh_venv.prefix  # built twice, really

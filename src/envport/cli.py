@@ -29,6 +29,7 @@ COMMANDS = [
     "base",
     "wheelhouse",
     "build",
+    "inspect",
     "verify",
     "witness",
     "weights",

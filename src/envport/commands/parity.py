@@ -6,12 +6,12 @@ import json
 import sys
 import time
 
-TARGET_CHOICES = ("docker", "venv", "ssh", "conda")
+TARGET_CHOICES = ("docker", "apptainer", "venv", "ssh", "conda")
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "parity", help="build an env on every target here (docker, venv, venv over SSH, conda) and diff them",
+        "parity", help="build an env on every target here (docker, SIF, venv, venv over SSH, conda) and diff them",
         description="Build the env (or find it present) on every target this host can run: the docker image, "
         "a venv here, a venv on each SSH site host, a conda env where conda is on PATH. Then compare, from "
         "inside each env: pip freeze (PEP 503 names; pip/setuptools/wheel/envport left out), the python "

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -24,13 +25,17 @@ def register(sub) -> None:
                         "the profile's max_pending (it is then cancelled; Slurm's Reason is printed).")
     s.add_argument("name", metavar="NAME|PATH", help="spec name (specs/<name>.yaml) or path")
     s.add_argument("--cluster", required=True, help="cluster profile: slurm/clusters/<name>.yaml or a path")
-    s.add_argument("--target", choices=("venv", "docker"), required=True,
-                   help="venv: the env built on the nodes (envport build NAME --target venv); docker: the image")
+    s.add_argument("--target", choices=("venv", "docker", "apptainer"), required=True,
+                   help="venv: the env built on the nodes (envport build NAME --target venv); docker: the image; "
+                   "apptainer: the SIF (apptainer exec where the profile's container_runtime is apptainer, "
+                   "else ch-run on the SIF mounted with squashfuse)")
     s.add_argument("--check", action="append", default=[], metavar="CHECK",
                    help="run only these checks (repeat or comma-separate): python, imports, cli, kernel, "
                    "collectives, dtensor (default: all the spec declares)")
     s.add_argument("--world-size", type=int, default=None, help="ranks (Slurm tasks) for the collectives check")
     s.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12> for --site)")
+    s.add_argument("--sif", default=None, metavar="FILE",
+                   help="apptainer: the SIF, on a path the nodes see (default <sif_dir>/NAME-<hash12>.sif for --site)")
     s.add_argument("--prefix", default=None, help="venv: the env's folder on the nodes "
                    "(default: the profile's envs_dir, else $ENVPORT_ENVS_DIR, else ~/.envport/envs, + /NAME)")
     s.add_argument("--site", default=None, help="site profile, for the docker image's hash (default: local)")
@@ -103,7 +108,8 @@ def run_submit(args) -> int:
         ledger.record(loaded.root, loaded.spec, kind="witness", target=args.target, hash_=identity.hash,
                       result=result, site=site, launcher=f"slurm sbatch+srun on cluster {profile.name}", slurm=facts,
                       options={"only": only, "world_size": args.world_size, "deadline": args.deadline},
-                      **({"image": job.image} if job.image else {"prefix": job.prefix}))
+                      **({"image": job.image} if job.image else {"sif": job.sif} if job.sif else
+                         {"prefix": job.prefix}))
     if args.json:
         json.dump({"command": "slurm submit", "exit_code": result.data["exit_code"], "steps": result.data["steps"],
                    "problems": [], "env": identity.name, "hash": identity.hash, "target": args.target,
@@ -135,14 +141,20 @@ def _job(args, loaded, identity, profile, opts):
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     if os.environ.get(FAULT_ENV):
         env[FAULT_ENV] = os.environ[FAULT_ENV]  # test-only fault switch, as `envport witness` passes it
-    image = prefix = None
+    image = prefix = sif = None
     if args.target == "docker":
         image = args.image or identity.image_tag
+    elif args.target == "apptainer":
+        from envport.build.apptainer.builder import sif_path
+        from envport.plan.site import load_site
+
+        sif = str(Path(args.sif).resolve()) if args.sif else \
+            str(sif_path(load_site(args.site, loaded.root), loaded.root, identity))
     else:
         prefix = args.prefix or slurm.default_prefix(loaded.spec.name, profile)
     return slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
                          calls=_plan(loaded.spec, opts, profile).calls, job_dir=slurm.new_job_dir(profile, loaded.spec.name),
-                         env=env, image=image, prefix=prefix)
+                         env=env, image=image, prefix=prefix, sif=sif)
 
 
 def _dry_run(args, job, refusal) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from envport.commands._common import load_one, project_root
 
-VERIFY_TARGETS = ("docker", "venv")
+VERIFY_TARGETS = ("docker", "venv", "apptainer")
 
 
 def register(sub) -> None:
@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--image", default=None,
                    help="verify this image instead of envport/<name>:<hash12> (its envport.hash label may then "
                    "differ: that check is skipped and says so)")
+    p.add_argument("--sif", default=None, metavar="FILE",
+                   help="apptainer: verify this SIF instead of <sif_dir>/<name>-<hash12>.sif (run with apptainer "
+                   "exec where installed, else ch-run on the SIF mounted with squashfuse)")
     p.add_argument("--host", default=None, help="venv: the env on this SSH host (site alias or destination), "
                    "checked through testinfra ssh:// with the site's ssh_config (verify/backends.py)")
     p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
@@ -42,7 +45,12 @@ def run(args) -> int:
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
     junit = Path(args.junit).resolve() if args.junit else None
-    if args.target == "venv":
+    if args.target == "apptainer":
+        from envport.verify.sif import verify as verify_sif
+
+        result = verify_sif(loaded, site, root, sif=Path(args.sif).resolve() if args.sif else None, junit=junit,
+                            progress=stderr_progress)
+    elif args.target == "venv":
         from envport.verify.backends import verify_env
 
         result = verify_env(loaded, site, root, host=args.host, junit=junit, progress=stderr_progress)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envport.core.verdict import StepResult
 
-TARGETS = ("docker", "venv")
+TARGETS = ("docker", "venv", "apptainer")
 
 
 def register(sub) -> None:
@@ -34,6 +34,9 @@ def register(sub) -> None:
                    help="venv: run in the env on this SSH host (site alias or destination; the scripts travel "
                    "over ssh and are removed after)")
     p.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12> as --site builds it)")
+    p.add_argument("--sif", default=None, metavar="FILE",
+                   help="apptainer: the SIF (default <sif_dir>/NAME-<hash12>.sif as --site builds it); run with "
+                   "apptainer exec where installed, else ch-run on the SIF mounted with squashfuse")
     p.add_argument("--site", default=None, help="site profile (default: local): names the docker image and SSH hosts")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: GPUs where the spec asks for them, else what the env has; cuda: require one")
@@ -137,8 +140,18 @@ def _launcher(args, loaded, identity, opts):
         launcher = LocalLauncher(python, base_env=env,
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
         return launcher, {"prefix": str(python.parent.parent)}
-    image = args.image or identity.image_tag
     gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
+    if args.target == "apptainer":
+        from envport.build.apptainer.builder import sif_path
+        from envport.plan.site import load_site
+        from envport.witness.launchers.sif import SifLauncher
+
+        sif = Path(args.sif) if args.sif else sif_path(load_site(args.site, loaded.root), loaded.root, identity)
+        launcher = SifLauncher(sif, python=args.python or "python3", gpus=gpus,
+                               mounts=weights.existing_mounts(spec, weights.weights_root()),
+                               missing_fix=f"envport build {spec.name} --target apptainer, or pass --sif FILE")
+        return launcher, {"sif": str(sif)}
+    image = args.image or identity.image_tag
     launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
                               missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG",
                               mounts=weights.existing_mounts(spec, weights.weights_root()))

@@ -41,7 +41,7 @@ from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.witness.run import call_results
 
 CLUSTERS_DIR = Path("slurm") / "clusters"
-TARGETS = ("venv", "docker")
+TARGETS = ("venv", "docker", "apptainer")
 POLL_S = 1.0
 # Past the job's own time limit, how long to keep polling before cancelling it ourselves.
 RUN_MARGIN_S = 120.0
@@ -197,6 +197,7 @@ class JobSpec:
     job_dir: Path
     env: dict  # witness env additions (PYTHONUNBUFFERED, a test fault)
     image: Optional[str] = None  # docker
+    sif: Optional[str] = None  # apptainer: the SIF, on a path the nodes see
     prefix: Optional[str] = None  # venv: the env on the nodes
     docker_bin: str = "docker"
     python: str = "python3"  # docker: the interpreter inside the image
@@ -232,6 +233,13 @@ def srun_launcher(job: JobSpec) -> SrunLauncher:
     if job.target == "docker":
         inner = DockerLauncher(job.image, python=job.python, docker=job.docker_bin, witness_dir=job.witness_dir,
                                gpus=bool(job.profile.gres and "gpu" in job.profile.gres))
+        return SrunLauncher(inner, name, in_allocation=True, run_token=job.job_dir.name)
+    if job.target == "apptainer":
+        from envport.witness.launchers.sif import SifLauncher
+
+        inner = SifLauncher(Path(job.sif), python=job.python, witness_dir=job.witness_dir,
+                            gpus=bool(job.profile.gres and "gpu" in job.profile.gres),
+                            runtime="apptainer" if job.profile.container_runtime == "apptainer" else "ch-run")
         return SrunLauncher(inner, name, in_allocation=True, run_token=job.job_dir.name)
     inner = LocalLauncher(f"{job.prefix}/bin/python", witness_dir=job.witness_dir, base_env={})
     return SrunLauncher(inner, name, in_allocation=True, prelude=venv_prelude(job.prefix),
@@ -286,6 +294,7 @@ def render(job: JobSpec, node_cpus: Optional[int] = None) -> str:
         script_path=str(job.script_path), log_path=str(job.log_path), witness_dir=str(job.witness_dir),
         directives=directives(job, node_cpus), tmp_dir=job.profile.tmp_dir,
         activation=job.profile.activation, docker=job.target == "docker", docker_bin=job.docker_bin,
+        sif_mounts=launcher.inner.prefix if job.target == "apptainer" else "",
         task_script=task_script, calls=calls,
     )
 

@@ -1,0 +1,130 @@
+"""Verify a SIF: the spec's checks (and tests/images/) run inside it, with or without apptainer.
+
+testinfra has no apptainer backend; `SifBackend` is one (~15 lines): each
+command runs as `apptainer exec --cleanenv FILE /bin/sh -c CMD`, or, where
+apptainer is absent, as `ch-run MNT -- /.singularity.d/actions/exec /bin/sh -c
+CMD` on the SIF mounted with squashfuse for the whole session
+(engines/sif_run.py). Either way the image's env scripts are sourced, so env
+vars are what the env's processes see after `%environment`. The labels are
+the SIF's (inspect-metadata.json); the mount is gone afterwards, whatever
+happened (a SIGTERM to envport becomes an interrupt, so the `finally` runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from testinfra.backend import BACKENDS, base
+
+from envport.build import weights
+from envport.build.apptainer.builder import sif_path
+from envport.core.progress import Progress
+from envport.core.verdict import StepResult, Verdict
+from envport.engines import sif_run
+from envport.engines.sif import SifError, read_sif, sif_labels
+from envport.plan.site import Site
+from envport.plan.steps import CONTAINER_VENV
+from envport.recipe.identity import resolve
+from envport.spec.loader import Loaded
+from envport.verify.checks import Facts, spec_checks
+from envport.verify.docker import _pytest_args, _sigterm_interrupts, default_junit
+from envport.verify.plugin import VerifyPlugin
+from envport.verify.report import outcome, progress_line, shown_path
+
+TARGET = "apptainer"
+CONNECTION = "envport-sif"
+# token -> (runtime, sif, mountpoint, weight binds): what a `envport-sif://TOKEN` host runs in.
+_TARGETS: dict[str, tuple[str, str, str, list]] = {}
+
+
+class SifBackend(base.BaseBackend):
+    NAME = CONNECTION
+
+    def __init__(self, name: str, *args: Any, **kwargs: Any):
+        self.name = name
+        super().__init__(name, *args, **kwargs)
+
+    def run(self, command: str, *args: str, **kwargs: Any) -> base.CommandResult:
+        kind, sif, mnt, binds = _TARGETS[self.name]
+        cmd = self.get_command(command, *args)
+        argv = sif_run.apptainer_argv(sif, ["/bin/sh", "-c", cmd], binds=[(s, d, True) for s, d in binds]) \
+            if kind == "apptainer" else sif_run.ch_run_argv(mnt, ["/bin/sh", "-c", cmd], binds=binds)
+        out = self.run_local(" ".join(["%s"] * len(argv)), *argv)  # each word shell-quoted
+        out.command = self.encode(cmd)
+        return out
+
+
+BACKENDS[CONNECTION] = f"{__name__}.SifBackend"
+
+
+def _refused(step: str, reason: str, detail: str, fix: str, start: float) -> StepResult:
+    return StepResult(step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"],
+                      seconds=time.monotonic() - start)
+
+
+def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None, junit: Optional[Path] = None,
+           progress: Progress) -> StepResult:
+    """Run every check of the spec (and tests/images/) inside the SIF; one StepResult."""
+    import os
+
+    import pytest
+
+    start = time.monotonic()
+    spec = loaded.spec
+    identity = resolve(loaded, site, TARGET).identity
+    path = Path(sif) if sif else sif_path(site, root, identity)
+    step = f"verify {spec.name}@{identity.hash12} ({TARGET} {path.name})"
+    try:
+        labels = sif_labels(read_sif(path))
+    except SifError as exc:
+        fix = f"envport build {spec.name} --target apptainer" if exc.reason == "not_found" else \
+            f"envport inspect {path}"
+        return _refused(step, "sif_missing" if exc.reason == "not_found" else exc.reason, exc.message, fix, start)
+    kind = sif_run.runtime()
+    absent = sif_run.missing_tools(kind)
+    if absent:
+        pkgs = " ".join(t.split("(")[1].rstrip(")") for t in absent)
+        return _refused(step, "missing_tool", f"{', '.join(absent)} not found: verify runs inside the SIF "
+                        "with ch-run where apptainer is absent", f"apt-get install {pkgs}", start)
+    os.environ.setdefault("USER", sif_run.ch_run_env()["USER"])  # ch-run refuses to start without it
+    checks = spec_checks(loaded, identity.hash)
+    junit = Path(junit) if junit else default_junit(root, spec.name)
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(6)
+    plugin = VerifyPlugin(spec=spec, spec_path=loaded.path, checks=checks, image=str(path),
+                          make_facts=lambda: Facts(_host(token), labels=labels, venv=CONTAINER_VENV,
+                                                   foreign_hash_ok=sif is not None),
+                          on_result=progress_line(progress))
+    out = io.StringIO()
+    with _sigterm_interrupts(), contextlib.ExitStack() as stack:
+        mnt = "" if kind == "apptainer" else str(stack.enter_context(sif_run.mounted(path)))
+        # The weights as every run sees them: this host's folders at the spec's paths (mount points
+        # the image has: %post made them).
+        binds = weights.existing_mounts(spec, weights.weights_root())
+        _TARGETS[token] = (kind, str(path), mnt, binds)
+        stack.callback(_TARGETS.pop, token, None)
+        progress(f"envport: [verify] {kind} on {path}" + (f" (mounted at {mnt})" if mnt else ""))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envport-verify-"))
+        args = _pytest_args(root, loaded.path, f"{CONNECTION}://{token}", junit, Path(tmp))
+        args = [a.replace(f"docker://{CONNECTION}://", f"{CONNECTION}://") for a in args]
+        with contextlib.redirect_stdout(out):
+            code = pytest.main(args, plugins=[plugin])
+    results = plugin.results
+    verdict, lines, summary = outcome(code, results, out.getvalue())
+    junit_shown = shown_path(junit, root)
+    data = {"sif": str(path), "runtime": kind, "sif_hash": labels.get("envport.hash"), "junit": junit_shown,
+            "checks": results}
+    return StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines,
+                      seconds=time.monotonic() - start, data=data)
+
+
+def _host(token: str):
+    import testinfra
+
+    return testinfra.get_host(f"{CONNECTION}://{token}")

@@ -1,0 +1,125 @@
+"""Run witnesses inside a SIF: `apptainer exec --cleanenv [--nv] --bind ...` where apptainer is
+installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engines/sif_run.py).
+
+Every call goes through one small bash wrapper, so a call is self-contained
+on whichever node runs it (srun starts one per rank):
+
+- ch-run: mount the SIF at a fresh `/tmp/envport-sif-<run>-XXXXXX` (a
+  directory per call: two ranks on one node never share a mount), run, and
+  unmount on the way out, also on SIGTERM/SIGINT/SIGHUP (a timeout, Ctrl-C,
+  scancel). A SIGKILL skips the trap: the Invocation's cleanup then unmounts
+  every mount of this run by its name.
+- both: the variables a launcher sets per rank (RANK, LOCAL_RANK, WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT; srun's wrapper exports them) are passed into the
+  clean environment (`--set-env` for ch-run, `APPTAINERENV_*` for apptainer).
+
+The witness folder is bound read-only at /mnt (ch-run can only bind onto a
+directory the read-only image has), the weights at the spec's paths.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import uuid
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from envport.core.verdict import StepResult, Verdict
+from envport.engines import sif_run
+from envport.engines.sif import SifError, primary_partition, read_sif
+from envport.witness.launchers.base import WITNESS_DIR, Invocation, Launcher
+
+PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+MNT = "@ENVPORT-SIF-MOUNT@"
+
+# $1 runtime, $2 sif, $3 partition offset, $4 mount prefix; then the runtime's argv (MNT stands for the mount).
+TASK = r"""set -u
+kind=$1 sif=$2 offset=$3 prefix=$4; shift 4
+for v in RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT; do
+  eval "val=\${$v-}"
+  [ -n "$val" ] || continue
+  if [ "$kind" = apptainer ]; then export "APPTAINERENV_$v=$val"; else pass="${pass-} --set-env=$v=$val"; fi
+done
+if [ "$kind" = apptainer ]; then exec "$@"; fi
+USER=${USER:-$(id -un)}  # ch-run refuses to start without it (batch jobs and CI have none)
+export USER
+mnt=$(mktemp -d "/tmp/$prefix-XXXXXX") || exit 3
+cleanup() { fusermount -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null; rmdir "$mnt" 2>/dev/null; }
+trap cleanup EXIT
+trap 'exit 143' TERM INT HUP
+squashfuse -o "offset=$offset" "$sif" "$mnt" || { echo "envport-sif: squashfuse of $sif failed on $(hostname)" >&2; exit 3; }
+n=0
+until mountpoint -q "$mnt"; do n=$((n+1)); [ "$n" -lt 200 ] || exit 3; sleep 0.05; done
+# The mount point replaces its placeholder, the rank's variables go just before it (after --unset-env).
+for a do
+  shift
+  # shellcheck disable=SC2086
+  if [ "$a" = '@ENVPORT-SIF-MOUNT@' ]; then set -- "$@" ${pass-} "$mnt"; else set -- "$@" "$a"; fi
+done
+"$@"
+"""
+
+
+class SifLauncher(Launcher):
+    name = "apptainer"
+
+    def __init__(self, sif: Path, python: str = "python3", gpus: bool = False,
+                 mounts: Sequence[tuple[str, str]] = (), witness_dir: Path = WITNESS_DIR,
+                 runtime: Optional[str] = None, missing_fix: str = ""):
+        self.sif = Path(sif).absolute()
+        self.python = python  # on the image's PATH once its env scripts ran (the venv comes first)
+        self.gpus = gpus
+        self.mounts = list(mounts)  # (host folder, path in the env): the weights, read-only
+        self.witness_dir = Path(witness_dir)
+        self.runtime = runtime or sif_run.runtime()
+        self.missing_fix = missing_fix or "envport build NAME --target apptainer, or pass --sif FILE"
+        self.prefix = f"{sif_run.MOUNT_PREFIX}{uuid.uuid4().hex[:10]}"
+        self._offset: Optional[int] = None
+
+    def witness_path(self, script: str) -> str:
+        return f"{sif_run.WITNESS_MOUNT}/{script}"
+
+    def _binds(self) -> list[tuple[str, str]]:
+        return [(str(self.witness_dir), sif_run.WITNESS_MOUNT)] + self.mounts
+
+    def offset(self) -> int:
+        if self._offset is None:
+            self._offset = primary_partition(read_sif(self.sif)).offset
+        return self._offset
+
+    def invocation(self, script: str, args: Sequence[str], env: Mapping[str, str]) -> Invocation:
+        cmd = [self.python, self.witness_path(script), *args]
+        if self.runtime == "apptainer":
+            inner = sif_run.apptainer_argv(str(self.sif), cmd, env=env, nv=self.gpus,
+                                           binds=[(s, d, True) for s, d in self._binds()])
+            offset = 0
+        else:
+            inner = sif_run.ch_run_argv(MNT, cmd, env=env, binds=self._binds())
+            offset = self.offset()
+        argv = ["bash", "-c", TASK, "envport-sif", self.runtime, str(self.sif), str(offset), self.prefix, *inner]
+        sweep = (f"for m in /tmp/{shlex.quote(self.prefix)}-*; do [ -d \"$m\" ] || continue; "
+                 "fusermount -u \"$m\" 2>/dev/null || umount -l \"$m\" 2>/dev/null; rmdir \"$m\" 2>/dev/null; done")
+        return Invocation(argv, env=sif_run.ch_run_env(), cleanup=[["bash", "-c", sweep]], label=self.prefix)
+
+    def preflight(self) -> Optional[StepResult]:
+        try:
+            self.offset()
+        except SifError as exc:
+            reason = "sif_missing" if exc.reason == "not_found" else exc.reason
+            return StepResult("launcher", Verdict.REFUSED, exc.message, reason=reason,
+                              lines=[f"fix: {self.missing_fix}"])
+        absent = sif_run.missing_tools(self.runtime)
+        if self.runtime == "ch-run" and shutil.which("mountpoint") is None:
+            absent.append("mountpoint (util-linux)")
+        if absent:
+            pkgs = " ".join(t.split("(")[1].rstrip(")") for t in absent)
+            return StepResult("launcher", Verdict.REFUSED, f"{', '.join(absent)} not found: witnesses run in "
+                              "the SIF with ch-run where apptainer is absent", reason="missing_tool",
+                              lines=[f"fix: apt-get install {pkgs}"])
+        return None
+
+    def describe(self) -> str:
+        how = "apptainer exec --cleanenv" + (" --nv" if self.gpus else "") if self.runtime == "apptainer" \
+            else "ch-run (squashfuse)"
+        return f"{how} {self.sif.name}"
