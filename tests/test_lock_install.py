@@ -8,7 +8,6 @@ image, and compare each env's `pip freeze` with what specs/demo-cpu.lock promise
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +117,20 @@ def test_no_lock_builds_unlocked_and_the_ledger_says_so(project, tmp_path):
     assert hashes[True] != hashes[False]  # unlocked is another env, under another name
     ledger = run_envport("ledger", "tiny6", "--json", root=project, env=env)
     assert '"off (--no-lock)"' in ledger.stdout and '"tiny6.lock"' in ledger.stdout, ledger.stdout + ledger.stderr
+
+
+def test_demo_venv_over_ssh_with_uv_freezes_to_the_lock(project, ssh_host):
+    import shlex
+
+    site = write_site(project, "uv-ssh", installer="uv")
+    made = subprocess.run(ssh_host.argv("mktemp -d /var/tmp/envport-ssh-envs-uv.XXXXXX"), capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0 and made.stdout.strip(), made.stderr
+    envs = made.stdout.strip()
+    try:
+        proc = run_envport("build", ENV_NAME, "--target", "venv", "--host", "test", "--site", site, "--json",
+                           root=project, env=cli_env(ENVPORT_ENVS_DIR=envs), timeout=BUILD_TIMEOUT)
+        assert proc.returncode == 0, fail_with(proc, "envport build --target venv --host test --site uv-ssh")
+        assert _freeze(f"{envs}/{ENV_NAME}/bin/python", ssh_host.argv()) == _lock_freeze(project)
+    finally:
+        subprocess.run(ssh_host.argv(f"rm -rf {shlex.quote(envs)}"), capture_output=True, timeout=120)
