@@ -27,8 +27,9 @@ check:
 schema:
     envport schema
 
-# Build an env: `just build demo-cpu --target docker` (also the card's
-# `just build proteomics-gpu --target apptainer`, refused clearly without apptainer).
+# Build an env: `just build demo-cpu --target docker`; `--target apptainer` makes <name>-<hash12>.sif
+# with apptainer where installed, else envport's own .def builder (docs/apptainer.md); the card's
+# `just build proteomics-gpu --target apptainer` is refused here in one line (its CUDA base is not local).
 build name *args:
     envport build "$@"
 
@@ -37,6 +38,10 @@ up name target *args:
     #!/usr/bin/env bash
     set -euo pipefail
     envport up "$1" --target "$2" "${@:3}"
+
+# Read a .sif without apptainer: what it holds and whether it matches its spec (`just inspect X.sif`).
+inspect file *args:
+    envport inspect "$@"
 
 # Verify a built env with the spec's testinfra assertions.
 verify name *args:

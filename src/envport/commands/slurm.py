@@ -45,9 +45,63 @@ def register(sub) -> None:
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=run_submit)
 
+    b = ssub.add_parser("build", help="a batch job that builds the env's SIF with apptainer on a node",
+                        description="Render the .def (and the files it copies) into a job folder under the cluster "
+                        "profile's cache_dir and write a batch script running `apptainer build [--fakeroot]` there, "
+                        "APPTAINER_CACHEDIR/APPTAINER_TMPDIR under the profile's cache_dir and tmp_dir; the SIF "
+                        "appears under the site's sif_dir only when the build succeeded. --dry-run prints the "
+                        "script; otherwise it is submitted with sbatch and its job id printed (no waiting).")
+    b.add_argument("name", metavar="NAME|PATH")
+    b.add_argument("--cluster", required=True, help="cluster profile: slurm/clusters/<name>.yaml or a path")
+    b.add_argument("--target", choices=("apptainer",), default="apptainer")
+    b.add_argument("--site", default=None, help="site profile: the plan, hash and sif_dir (default: local)")
+    b.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
+    b.set_defaults(func=run_build)
+
     c = ssub.add_parser("clusters", help="list the cluster profiles (each one validated)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=run_clusters)
+
+
+def run_build(args) -> int:
+    """Write the SIF build job (the rendered .def and its files in the job folder) and submit it."""
+    import os
+    import shutil as _shutil
+
+    from envport.build.apptainer.builder import sif_path
+    from envport.commands._common import load_one, project_root
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
+    from envport.witness import slurm_job as slurm
+
+    loaded = load_one(args, args.name)
+    profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
+                                 else None)
+    site = load_site(args.site, loaded.root)
+    resolved = resolve(loaded, site, "apptainer")
+    job_dir = slurm.new_job_dir(profile, loaded.spec.name)
+    context = job_dir / "context"
+    rendering = render_plan(resolved.plan, resolved.hash, ("apptainer",), site=site.name)
+    text = slurm.render_sif_build(loaded.spec.name, resolved.identity.hash12, profile, job_dir, context,
+                                  f"{loaded.spec.name}.def", sif_path(site, loaded.root, resolved.identity).resolve())
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    for rel, (data, mode) in rendering.files.items():
+        path = context / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.chmod(path, mode)
+    if any(s.kind == "pip" and s.uses_wheelhouse for s in resolved.plan.steps):
+        _shutil.copytree(site.wheelhouse_path(loaded.root, loaded.spec.name), context / WHEELHOUSE_CONTEXT_NAME)
+    (job_dir / "job.sbatch").write_text(text)
+    job_id, why = slurm.submit(job_dir / "job.sbatch")
+    if job_id is None:
+        print(f"REFUSED  slurm build [sbatch_rejected]: {why}")
+        return 3
+    print(f"submitted Slurm job {job_id}: {job_dir / 'job.sbatch'} (log {job_dir / 'job.log'})")
+    return 0
 
 
 def run_clusters(args) -> int:

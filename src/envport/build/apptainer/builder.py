@@ -271,7 +271,35 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"%post {how} in {where}; no SIF was written",
                               lines=list(post.tail)[-30:],
                               data={"failed_step": post.step.marker if post.step else None})
+        pin = self._pin_check(rootfs)
+        if pin is not None:
+            return pin
         return self._assemble(work, rootfs, deffile, base)
+
+    def _pin_check(self, rootfs: Path) -> Optional[StepResult]:
+        """FAILED [pin_mismatch] when a package the spec pins is not what %post left (build/pins.py), run
+        with the env's python inside the rootfs, in the same sandbox as %post."""
+        from envport.build import pins
+        from envport.build.apptainer.post_runner import bwrap_argv
+        from envport.plan.steps import CONTAINER_VENV
+
+        plan = self.resolved.plan
+        if not pins.pins(plan):
+            return None
+        t = time.monotonic()
+        argv = bwrap_argv(shutil.which("bwrap") or "bwrap", rootfs.absolute())[:-3] + \
+            pins.probe_argv(f"{CONTAINER_VENV}/bin/python")
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=600)
+        self.timings["pin_check"] = time.monotonic() - t
+        if proc.returncode != 0:
+            return StepResult(self.step, Verdict.FAILED, f"the pin check could not run in the rootfs (exit "
+                              f"{proc.returncode}); no SIF was written", reason="pin_check_failed",
+                              lines=tail(proc.stdout + proc.stderr, 20))
+        try:
+            installed = pins.parse_probe(proc.stdout)
+        except ValueError as exc:
+            return StepResult(self.step, Verdict.FAILED, str(exc), reason="pin_check_failed")
+        return pins.result(self.step, plan, installed)
 
     def _post_line(self, line: str) -> None:
         from envport.build.apptainer.deffile import match_step
