@@ -144,6 +144,13 @@ def test_files_under_tmp_are_hidden_from_post_as_under_apptainer(rootfs: Path, c
     assert result.rc == 1, "apptainer hides the image's /tmp during %post; so must we"
 
 
+def test_tmp_is_world_writable_for_apts_sandbox_user(rootfs: Path):
+    # apt-get update writes its temporary files as `_apt` under /tmp: a 0755 tmpfs failed it (measured).
+    result = run_post(def_with("stat -c '%n=%a' /tmp /var/tmp\n"), rootfs)
+    assert result.rc == 0, result.tail
+    assert "/tmp=1777" in result.tail and "/var/tmp=1777" in result.tail, result.tail
+
+
 def test_files_cannot_escape_the_rootfs_through_image_symlinks(rootfs: Path, context: Path, tmp_path: Path):
     outside = tmp_path / "outside"
     outside.mkdir()
