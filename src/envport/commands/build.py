@@ -37,13 +37,13 @@ def register(sub) -> None:
                    "showing its output. Without it envport never changes the host's packages: it checks them "
                    "(dpkg-query/rpm, versions included) and REFUSES [system_pkgs_missing] with the command to run")
     p.add_argument("--no-cache", action="store_true", help="docker: do not reuse the engine's layer cache")
-    p.add_argument("--from-docker", action="store_true",
-                   help="apptainer: make the SIF from the built docker image envport/<name>:<hash12> "
-                   "(apptainer build docker-daemon://..., or envport's builder without %%post)")
     p.add_argument("--no-lock", action="store_true",
                    help="resolve every pip phase at build time even when specs/<name>.lock fits the spec "
                    "(another env, with another hash; the ledger records it). Without it a lock that does not "
                    "fit is REFUSED [lock_stale|lock_python|lock_platform] with `envport lock NAME` as the fix")
+    p.add_argument("--from-docker", action="store_true",
+                   help="apptainer: make the SIF from the built docker image envport/<name>:<hash12> "
+                   "(apptainer build docker-daemon://..., or envport's builder without %%post)")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(func=run)
 

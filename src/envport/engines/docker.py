@@ -180,6 +180,7 @@ def image_exists(image: str, docker: str = "docker") -> bool:
         return False
     return out.returncode == 0
 
+
 class ExportError(Exception):
     """An image could not be read out of the engine; the message says why and what to do."""
 

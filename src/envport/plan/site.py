@@ -141,14 +141,6 @@ def apply_site(plan: Plan, site: Site) -> Plan:
     return dataclasses.replace(plan, steps=tuple(steps))
 
 
-def apply_installer(plan: Plan, site: Site) -> Plan:
-    """A host build's plan keeps the host's own pip sources; only the site's installer reaches it."""
-    if site.installer == "pip":
-        return plan
-    return dataclasses.replace(plan, steps=tuple(
-        dataclasses.replace(s, installer=site.installer) if isinstance(s, PipStep) else s for s in plan.steps))
-
-
 def is_local_base(image: str) -> bool:
     """envport/* bases are made on the host (`envport base`): no registry serves them."""
     return image.startswith("envport/")
