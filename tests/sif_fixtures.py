@@ -2,7 +2,7 @@
 
 Register with `pytest_plugins = ["tests.sif_fixtures"]` in a test module.
 
-- ``demo_sif``: demo-cpu's SIF (torch from the wheelhouse, squashfs gzip as the local site says),
+- ``demo_sif``: demo-cpu's SIF (torch from the wheelhouse, squashfs compressed as the local site says),
   built in the session project (tests/fixtures.py ``session_project``) so it shares its hash with
   the docker image and venv the parity tests compare it with. mksquashfs of ~1.1 GB: the slow part.
 - ``sif_project``: a project copy with small specs (six only, no torch) and a site ``sif-fast``

@@ -164,7 +164,7 @@ def test_failing_post_names_the_step_and_tail_and_writes_no_sif(base_image, sif_
 def test_sigkill_mid_build_leaves_no_sif_and_the_next_run_builds(base_image, sif_project: Path):
     require_sif_tools()
     write_spec(sif_project, "tiny-kill")
-    # Killed during the gzip mksquashfs (the local site's), rebuilt with lz4: same hash, same SIF name.
+    # Killed during the local site's (zstd) mksquashfs, rebuilt with lz4: same hash, same SIF name.
     proc = subprocess.Popen([sys.executable, "-m", "envport", "-C", str(sif_project), "build", "tiny-kill",
                              "--target", "apptainer"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=sif_env())
