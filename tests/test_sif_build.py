@@ -242,3 +242,22 @@ def test_apptainer_route_builds_with_the_binary(sif_project: Path):
     proc = run_envport("build", "tiny-sif", "--target", "apptainer", "--rebuild", "--json", root=sif_project)
     assert proc.returncode == 0, fail_with(proc, "apptainer build")
     assert as_json(proc)["steps"][-1]["data"]["route"] == "apptainer"
+
+
+def test_localimage_bootstrap_from_a_sif(tiny_sif: BuiltSif, sif_project: Path):
+    from .support import write_site
+
+    site = write_site(sif_project, "sif-local", apptainer={
+        "compression": "lz4", "local_bootstrap": "localimage",
+        "local_images": {"envport/debian-bookworm:base": str(tiny_sif.path)}})
+    write_spec(sif_project, "tiny-local", env={"LOCAL_BASE": "from a SIF"})
+    proc = run_envport("build", "tiny-local", "--target", "apptainer", "--site", site, "--json", root=sif_project,
+                       env=sif_env(), timeout=900)
+    assert proc.returncode == 0, fail_with(proc, "build from a localimage")
+    last = as_json(proc)["steps"][-1]
+    assert last["data"]["base"] == f"localimage {tiny_sif.path}"
+    info = read_sif(last["data"]["sif"])
+    deffile = read_object(info, info.find(name="")).decode()
+    assert f"\nBootstrap: localimage\nFrom: {tiny_sif.path}\n" in deffile
+    env = read_json_object(info, "inspect-metadata.json")["data"]["attributes"]["environment"]
+    assert "export LOCAL_BASE='from a SIF'" in env["/.singularity.d/env/90-environment.sh"]

@@ -254,8 +254,10 @@ class SifBuild:
             return StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)
         self.timings["bootstrap"] = time.monotonic() - t
         if not (rootfs / ".singularity.d" / "env").is_dir():
-            prepare_rootfs(rootfs, image_env=base.env, image_labels=base.labels, entrypoint=base.entrypoint,
-                           cmd=base.cmd)
+            prepare_rootfs(rootfs, image_env=base.env, image_labels=_not_envport(base.labels),
+                           entrypoint=base.entrypoint, cmd=base.cmd)
+        else:
+            _drop_base_identity(rootfs)
         t = time.monotonic()
         try:
             copied = copy_files(deffile, rootfs, context)
@@ -366,6 +368,21 @@ class SifBuild:
                "site": self.site.name, "base": base.source,
                "spec": self.loaded.spec.model_dump(mode="json")}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _not_envport(labels: dict) -> dict:
+    """A base's labels without its envport.* identity: an image built FROM an envport env is another env,
+    and a base label would win over the .def's %labels (apptainer keeps labels the image already has)."""
+    return {k: v for k, v in labels.items() if not k.startswith("envport.")}
+
+
+def _drop_base_identity(rootfs: Path) -> None:
+    path = rootfs / ".singularity.d" / "labels.json"
+    if path.is_file():
+        from envport.build.apptainer.singularity_d import go_json_indent
+
+        path.write_text(go_json_indent(_not_envport(json.loads(path.read_text(encoding="utf-8")))),
+                        encoding="utf-8")
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
