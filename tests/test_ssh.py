@@ -87,7 +87,7 @@ def test_missing_env_on_the_host_is_refused(ssh_host, session_project):
 
 
 @pytest.mark.ssh
-def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):
+def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv, ssh_host):
     proc = run_envport("build", ENV_NAME, "--target", "venv", "--host", "test", "--json", root=ssh_venv.root,
                        env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "build again")
@@ -103,7 +103,11 @@ def test_build_over_ssh_then_verify_through_testinfra_ssh(ssh_venv):
     for cid in ("pip[torch==2.13.0]", "pip[six==1.16.0]", "python[3.11]", "env[DEMO_GREETING]",
                 "env[DEMO_WEIGHTS]", "file[/opt/demo/run.py]", "weight[tiny/tiny.f32]", "label[envport.hash]"):
         assert checks.get(cid) == "passed", (cid, checks)
-    assert result["data"]["prefix"] == ssh_venv.prefix and result["data"]["ssh_host"] == "test"
+    # The env folder is a link to its build (.NAME.builds/HASH-PID): verify names the build it checked.
+    resolved = subprocess.run(ssh_host.argv(f"readlink -f {ssh_venv.prefix} {result['data']['prefix']}"),
+                              capture_output=True, text=True, timeout=30).stdout.split()
+    assert len(resolved) == 2 and resolved[0] == resolved[1], (ssh_venv.prefix, result["data"]["prefix"], resolved)
+    assert result["data"]["ssh_host"] == "test"
     from envport.report import ledger as envport_ledger
     ledger = envport_ledger.read(ssh_venv.root, ENV_NAME)  # this user's state dir, not the checkout
     assert any(r["kind"] == "verify" and r.get("ssh_host") == "test" and r["verdict"] == "OK" for r in ledger)
