@@ -261,3 +261,25 @@ def test_localimage_bootstrap_from_a_sif(tiny_sif: BuiltSif, sif_project: Path):
     assert f"\nBootstrap: localimage\nFrom: {tiny_sif.path}\n" in deffile
     env = read_json_object(info, "inspect-metadata.json")["data"]["attributes"]["environment"]
     assert "export LOCAL_BASE='from a SIF'" in env["/.singularity.d/env/90-environment.sh"]
+
+
+def test_from_docker_makes_the_same_layout_from_the_built_image(docker_client, base_image, sif_project: Path,
+                                                                throwaway_images):
+    require_sif_tools()
+    write_spec(sif_project, "tiny-fromdocker")
+    throwaway_images.append("tiny-fromdocker")
+    docker = run_envport("build", "tiny-fromdocker", "--target", "docker", "--site", "sif-fast", root=sif_project,
+                         env=sif_env())
+    assert docker.returncode == 0, fail_with(docker, "docker build")
+    proc = run_envport("build", "tiny-fromdocker", "--target", "apptainer", "--from-docker", "--site", "sif-fast",
+                       "--json", root=sif_project, env=sif_env())
+    assert proc.returncode == 0, fail_with(proc, "build --from-docker")
+    last = as_json(proc)["steps"][-1]
+    assert last["data"]["base"].startswith("docker-daemon envport/tiny-fromdocker:")
+    info = read_sif(last["data"]["sif"])
+    labels = sif_labels(info)
+    assert labels["envport.name"] == "tiny-fromdocker" and present(Path(last["data"]["sif"]), labels["envport.hash"])
+    env = read_json_object(info, "inspect-metadata.json")["data"]["attributes"]["environment"]
+    assert 'TINY_GREETING="${TINY_GREETING:-"hello from tiny"}"' in env["/.singularity.d/env/10-docker2singularity.sh"]
+    inspect = run_envport("inspect", last["data"]["sif"], "--site", "sif-fast", root=sif_project)
+    assert inspect.returncode == 0 and "matches specs/tiny-fromdocker.yaml" in inspect.stdout, inspect.stdout
