@@ -41,16 +41,26 @@ def _facts(target, python="3.11.7", packages=None, env=None):
 
 
 def test_differences_name_what_differs_and_ignore_skipped_targets(session_project):
+    from envport.report.parity import locked_packages
     from envport.spec.loader import load_spec
 
     loaded = load_spec(ENV_NAME, session_project)
-    same = [_facts("docker", python="3.11.2"), _facts("venv"), TargetFacts("conda", skipped="no_conda: ...")]
+    # demo-cpu has a lock: targets that agree must also hold exactly what it promises.
+    lock = locked_packages(loaded)
+    base = dict(lock) if lock is not None else {"torch": "2.13.0+cpu"}
+    same = [_facts("docker", python="3.11.2", packages=base), _facts("venv", packages=base),
+            TargetFacts("conda", skipped="no_conda: ...")]
     assert differences(loaded, same) == []
-    other = [_facts("docker"), _facts("venv", packages={"torch": "2.13.0+cpu", "requests": "2.31.0"},
-                                      env={"ENVPORT_NAME": "demo-cpu", "OMP_NUM_THREADS": "2"})]
+    other = [_facts("docker", packages=base), _facts("venv", packages={**base, "requests": "2.31.0"},
+                                                     env={"ENVPORT_NAME": "demo-cpu", "OMP_NUM_THREADS": "2"})]
     diffs = differences(loaded, other)
     assert Difference("package", "requests", {"docker": None, "venv": "2.31.0"}) in diffs
     assert Difference("env", "OMP_NUM_THREADS", {"docker": None, "venv": "2"}) in diffs
+    if lock is not None:  # both agree on a package the lock does not name: still a difference, from the lock
+        agreeing = [_facts("docker", packages={**base, "requests": "2.31.0"}),
+                    _facts("venv", packages={**base, "requests": "2.31.0"})]
+        assert differences(loaded, agreeing) == [
+            Difference("lock", "requests", {"lock": None, "docker": "2.31.0", "venv": "2.31.0"})]
     assert diffs[0].line() == "package requests: docker -, venv 2.31.0"
 
 
