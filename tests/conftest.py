@@ -8,13 +8,15 @@ a test that does not use the service's fixture is a collection error, for the sa
 """
 
 import os
-
 import tempfile
 
 import pytest
 
 pytest_plugins = ["tests.services", "tests.fixtures"]
 
+# Ledgers go to the user's state dir (report/ledger.py); the tests' runs go to a throwaway one,
+# inherited by every `envport` subprocess, so a test run leaves nothing in ~/.local/state.
+os.environ.setdefault("ENVPORT_STATE_DIR", tempfile.mkdtemp(prefix="envport-test-state-"))
 # demo-cpu pins a weight: every `envport` run of the tests reads it from one throwaway weights root,
 # fetched once per session by the spec's own source command (the `demo_weights` fixture).
 os.environ.setdefault("ENVPORT_WEIGHTS_DIR", tempfile.mkdtemp(prefix="envport-test-weights-"))

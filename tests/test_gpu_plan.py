@@ -306,7 +306,9 @@ def test_group_error_is_the_detail_not_no_report():
         ("dtensor (mesh 2, nccl)", "world size 2 needs 2 GPUs, torch sees 1")]
 
 
-def test_nccl_timeout_sits_inside_the_deadline():
+def test_nccl_timeout_sits_inside_the_deadline(monkeypatch):
+    # the deadline counts from the witness's import; pin that moment so the suite's age does not matter
+    monkeypatch.setattr(dist, "T_START", __import__("time").time())
     left = dist.pg_timeout_s({"deadline": 300.0, "nccl_timeout": 0.0, "gloo_timeout": 120.0}, "nccl")
     assert 5.0 <= left <= 150.0
     assert dist.pg_timeout_s({"deadline": 300.0, "nccl_timeout": 30.0, "gloo_timeout": 120.0}, "nccl") == 30.0
