@@ -54,3 +54,15 @@ class SpecError(EnvportError):
 def problems_of(exc: EnvportError) -> list[Problem]:
     """An error as Problems: a SpecError's own, or one Problem holding the message."""
     return list(exc.problems) if isinstance(exc, SpecError) else [Problem("", None, "", str(exc))]
+
+
+class ReasonError(Exception):
+    """A failure with a stable one-word `reason` token for verdicts, and a message for people."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

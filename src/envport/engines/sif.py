@@ -31,6 +31,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from envport.core.errors import ReasonError
 
 LAUNCH_SCRIPT = b"#!/usr/bin/env run-singularity\n"
 MAGIC = b"SIF_MAGIC\0"
@@ -81,16 +82,8 @@ COPY_CHUNK = 8 << 20
 READ_OBJECT_LIMIT = 64 << 20
 
 
-class SifError(Exception):
+class SifError(ReasonError):
     """A file that is not a usable SIF; `reason` is a stable one-word token."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .deffile import DefFile, FileCopy, PostStep, match_step
+from envport.core.errors import ReasonError
 
 TAIL_LINES = 40
 POST_SCRIPT = ".post.script"
@@ -64,16 +65,8 @@ LAUNCH = ('for envport_env in /.singularity.d/env/*.sh; do if [ -f "$envport_env
           '. "$envport_env"; fi; done; unset envport_env; exec /bin/sh -ex /' + POST_SCRIPT)
 
 
-class RunnerError(Exception):
+class RunnerError(ReasonError):
     """The rootfs, the host or the .def cannot run %files/%post; `reason` is a stable token."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 @dataclass(frozen=True)
