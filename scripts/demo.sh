@@ -17,6 +17,8 @@ envport validate --all
 envport render --all --check
 echo "== building demo-cpu as a venv in ${ENVPORT_ENVS_DIR:-$HOME/.envport/envs} (the first build installs a CPU torch)"
 envport build demo-cpu --target venv
+echo "== fetching demo-cpu's pinned weight with the spec's own source command, then verifying it"
+envport weights fetch demo-cpu
 if envport --help | grep -q '^    witness'; then
     echo "== running demo-cpu's witnesses inside the venv"
     envport witness demo-cpu --target venv
