@@ -193,6 +193,10 @@ def _files(body: list[str], first: int, draft: Draft, context: BuildContext, ren
         src, dest = words[0], (words[1] if len(words) > 1 else words[0])
         dest = posixpath.normpath(posixpath.join("/", dest))
         if rendered and (dest.startswith(ENVPORT_OWN) or src == "ca-bundle.crt"):
+            # not the spec's, but a lock's `-r /opt/envport/locks/pip-N.txt` reads it: keep where it came from
+            own = context.host(src) if not src.startswith("/") else None
+            if own is not None and own.is_file():
+                context.copies[dest] = own
             continue
         if src.startswith("/"):
             draft.note(i, line, DROPPED, "reads an absolute host path, which exists only on the machine that built "
