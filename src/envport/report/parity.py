@@ -330,7 +330,6 @@ def _conda_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress)
     return [f]
 
 
-# Each target's runner: build (or find present), then probe; the order of `--target` is kept.
 def _apptainer_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
     """The SIF built from the .def (envport's builder where apptainer is absent), not from the docker image."""
     from envport.build.apptainer import builder as sif_builder
@@ -343,6 +342,7 @@ def _apptainer_target(loaded: Loaded, site, opts: ParityOptions, progress: Progr
     return [f]
 
 
+# Each target's runner: build (or find present), then probe; the order of `--target` is kept.
 TARGET_RUNNERS = {"docker": _docker_target, "apptainer": _apptainer_target, "venv": _venv_target, "ssh": _ssh_targets, "conda": _conda_target}
 
 
