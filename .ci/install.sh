@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install what the real-service tests need: Debian packages for the docker
-# engine, debootstrap, one-node Slurm, sshd, and the SIF/apptainer-build tools
+# engine, debootstrap, one-node Slurm, the multi-node Slurm's network namespaces
+# (iproute2's ip netns, util-linux's nsenter), sshd, and the SIF/apptainer-build tools
 # (siftool, squashfs-tools, squashfuse, fuse3, charliecloud-runtime's ch-run,
 # bubblewrap), then envport itself with its test extra. Idempotent: installed packages are not touched again.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-packages=(docker.io debootstrap slurm-wlm munge openssh-server
+packages=(docker.io debootstrap slurm-wlm munge iproute2 util-linux openssh-server
           siftool squashfs-tools squashfuse fuse3 charliecloud-runtime bubblewrap)
 # Another apt/dpkg run (e.g. a provisioning step) may hold the lock: wait for
 # it, but not forever.

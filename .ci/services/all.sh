@@ -2,8 +2,9 @@
 # Start every real service the integration tests use, in dependency order
 # (the base image needs the docker engine). One line per service on success;
 # on failure the service's own output and a non-zero exit.
-# ENVPORT_CI_WITHOUT=sshd,slurm,dockerd (any of them) leaves those unstarted
-# (dockerd also takes the base image along): .ci/run uses it to prove that CI
+# ENVPORT_CI_WITHOUT=sshd,slurm,slurm-multi,dockerd (any of them) leaves those
+# unstarted (dockerd also takes the base image along, slurm the multi-node cluster,
+# which shares its munged): .ci/run uses it to prove that CI
 # fails when a service is missing.
 #   usage: all.sh [BASE_IMAGE_TAG]
 set -euo pipefail
@@ -19,7 +20,8 @@ without=",${ENVPORT_CI_WITHOUT:-},"
 start() {
     local name=$1 script=$2 t0 secs
     shift 2
-    if [[ "$without" == *",$name,"* ]] || { [[ $name == base-image ]] && [[ "$without" == *,dockerd,* ]]; }; then
+    if [[ "$without" == *",$name,"* ]] || { [[ $name == base-image ]] && [[ "$without" == *,dockerd,* ]]; } \
+        || { [[ $name == slurm-multi ]] && [[ "$without" == *,slurm,* ]]; }; then
         echo "service $name: NOT started (ENVPORT_CI_WITHOUT=${ENVPORT_CI_WITHOUT})"
         return 0
     fi
@@ -37,5 +39,6 @@ start() {
 
 start dockerd dockerd.sh
 start slurm slurm.sh
+start slurm-multi slurm-multi.sh
 start sshd sshd.sh
 start base-image base-image.sh "$base_tag"
