@@ -38,6 +38,7 @@ COMMANDS = [
     "doctor",
     "slurm",
     "parity",
+    "matrix",
     "ledger",
 ]
 

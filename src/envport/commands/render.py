@@ -54,6 +54,7 @@ def run(args) -> int:
                                           lines=[f"{loaded.path.with_suffix('.lock').name} [{problem.reason}]: "
                                                  f"{problem.message}"]))
         if every_spec:
+            results.extend(_workflow_drift(root, selected, full))
             for d in stale_dirs(root, set(all_spec_names(root))):
                 rel = d.relative_to(root)
                 results.append(StepResult(f"render {d.name}", Verdict.FAILED,
@@ -67,11 +68,27 @@ def run(args) -> int:
     if every_spec and full:
         for rel in remove_stale(root, set(all_spec_names(root))):
             results.append(StepResult(f"render {Path(rel).name}", Verdict.OK, f"removed {rel}/ (no spec)"))
+        from envport.report import workflow
+        if (root / workflow.WORKFLOW_PATH).exists():  # regenerated where the project keeps one
+            changed = workflow.write(root, workflow.for_project(root, selected))
+            results.append(StepResult(f"render {workflow.WORKFLOW_PATH}", Verdict.OK if changed else Verdict.PRESENT,
+                                      f"{workflow.WORKFLOW_PATH} ({'changed' if changed else 'unchanged'})"))
     if args.json:
         return report(results, True, command="render")
     for r in results:
         print(f"{r.verdict.value:<8} {r.detail}")
     return 0
+
+
+def _workflow_drift(root: Path, selected: list, full: bool) -> list:
+    """.github/workflows/envs.yml (`envport matrix --format github`) against the specs, where the project has one."""
+    from envport.core.verdict import StepResult, Verdict
+    from envport.report import workflow
+    if not full or not (root / workflow.WORKFLOW_PATH).exists():
+        return []
+    drifted = workflow.drift(root, workflow.for_project(root, selected))
+    return [StepResult(f"render {workflow.WORKFLOW_PATH}", Verdict.FAILED if drifted else Verdict.OK,
+                       "differs from the specs" if drifted else "matches the specs", lines=drifted)]
 
 
 def _print_check(results, as_json: bool) -> int:
@@ -86,5 +103,7 @@ def _print_check(results, as_json: bool) -> int:
         n = sum(len(r.lines) for r in failed)
         print(f"FAILED   {n} file(s) differ from the specs; run `envport render`", file=sys.stderr)
         return 1
-    print(f"OK       {len(results)} spec(s) match images/")
+    from envport.report.workflow import WORKFLOW_PATH
+    flows = [r for r in results if r.step == f"render {WORKFLOW_PATH}"]
+    print(f"OK       {len(results) - len(flows)} spec(s) match images/" + (f"; {WORKFLOW_PATH} matches" if flows else ""))
     return 0

@@ -110,6 +110,21 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, from
     return SifBuild(loaded, site, root, resolved, sif, progress).run(from_docker)
 
 
+def builder_missing(from_docker: bool = False) -> Optional[tuple[str, str, str]]:
+    """(reason, detail, fix) when this host cannot run envport's own .def builder; None when it can."""
+    if os.geteuid() != 0:
+        return ("not_root", "envport's .def builder runs %post as root, the way apptainer's own root builds do, "
+                "and no apptainer is on PATH for a --fakeroot build", "run as root, or build where apptainer is "
+                "installed")
+    needed = ["mksquashfs"] + ([] if from_docker else ["bwrap"])
+    absent = [t for t in needed if shutil.which(t) is None]
+    if absent:
+        pkgs = " ".join(sorted({DEBIAN_PACKAGES[t] for t in absent}))
+        return ("missing_tool", f"{', '.join(absent)} not found: envport's .def builder needs them where "
+                "apptainer is absent", f"apt-get install {pkgs}")
+    return None
+
+
 class SifBuild:
     """envport's own builder: one run, one work directory, removed at the end whatever happens."""
 
@@ -166,17 +181,8 @@ class SifBuild:
     # --- host checks and work directory -----------------------------------------
 
     def _missing_tools(self, from_docker: bool) -> list[StepResult]:
-        if os.geteuid() != 0:
-            return self.refused("not_root", "envport's .def builder runs %post as root, the way apptainer's own "
-                                "root builds do, and no apptainer is on PATH for a --fakeroot build",
-                                "run as root, or build where apptainer is installed")
-        needed = ["mksquashfs"] + ([] if from_docker else ["bwrap"])
-        absent = [t for t in needed if shutil.which(t) is None]
-        if absent:
-            pkgs = " ".join(sorted({DEBIAN_PACKAGES[t] for t in absent}))
-            return self.refused("missing_tool", f"{', '.join(absent)} not found: envport's .def builder needs "
-                                f"them where apptainer is absent", f"apt-get install {pkgs}")
-        return []
+        missing = builder_missing(from_docker)
+        return self.refused(*missing) if missing else []
 
     def _work_base(self) -> Path:
         if self.site.apptainer.build_dir:

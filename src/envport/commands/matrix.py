@@ -1,0 +1,312 @@
+"""`envport matrix`: every spec × target, what each pair needs and whether this host can run it; `--run` runs
+`envport up` for each runnable pair (in parallel, one docker pair at a time) and writes JUnit and a markdown
+summary; `--format github` writes .github/workflows/envs.yml (report/workflow.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from envport.commands._common import project_root
+
+FORMATS = ("table", "json", "github")
+TARGET_CHOICES = ("docker", "apptainer", "venv", "conda", "ssh")  # report/matrix.py TARGETS (test_matrix checks)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("matrix", help="every spec x target: what it needs, whether this host can run it; --run them",
+                       description="List every pair of spec (specs/*.yaml) and target (docker, apptainer, venv, "
+                       "conda, ssh: a venv on each SSH host of the site profile, shown as venv@HOST) with what "
+                       "it needs (the docker engine, its base image, GPUs, apptainer or envport's .def builder "
+                       "and a SIF runtime, python or conda, an SSH host that answers) and whether this host "
+                       "can run it, or why not (a reason token and the fix). Every need shown was checked here; "
+                       "one that cannot be checked here says so. --run runs `envport up` for every runnable "
+                       "pair, up to --jobs at once (docker pairs one at a time: they share the engine), "
+                       "printing each pair's progress prefixed with its name; the pairs it cannot run are "
+                       "listed as skipped with the reason. --format github writes .github/workflows/envs.yml "
+                       "(one job per pair; `envport render --all --check` reports its drift). Exit code: 0 "
+                       "when listing; with --run 1 when any pair's `up` did not end ok.")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table (default), json (the one --json shape: command, exit_code, steps, problems, "
+                   "pairs), or github: write .github/workflows/envs.yml")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--env", action="append", default=[], metavar="NAME",
+                   help="only these specs (repeat or comma-separate; default: every spec in specs/)")
+    p.add_argument("--target", action="append", default=[], metavar="T",
+                   help=f"only these targets (repeat or comma-separate): {', '.join(TARGET_CHOICES)} (default: all)")
+    p.add_argument("--site", default=None, help="site profile (default: local; --format github: github)")
+    p.add_argument("--run", action="store_true", help="run `envport up` for every runnable pair")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="--run: pairs at once (default 1)")
+    p.add_argument("--junit", default=None, metavar="FILE",
+                   help="--run: JUnit XML, one test case per pair and up step (default reports/matrix.xml)")
+    p.add_argument("--summary", default=None, metavar="FILE.md",
+                   help="--run: the markdown summary table (default reports/matrix-summary.md)")
+    p.set_defaults(func=run)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def run(args) -> int:
+    from envport.core.errors import EnvportError
+
+    args.json = args.json or args.format == "json"
+    if args.json:
+        args.format = "json"
+    root = project_root(args)
+    targets = _split(args.target) or list(TARGET_CHOICES)
+    bad = [t for t in targets if t not in TARGET_CHOICES]
+    if bad:
+        raise EnvportError(f"--target {', '.join(bad)}: not a target; choose from {', '.join(TARGET_CHOICES)}",
+                           exit_code=2)
+    if args.jobs < 1:
+        raise EnvportError("--jobs must be at least 1", exit_code=2)
+    if args.format == "github":
+        if args.run or args.env or args.target:
+            raise EnvportError("--format github writes the whole matrix (every spec, every target); drop --run, "
+                               "--env and --target", exit_code=2)
+        return _github(args, root)
+    loaded = _load(args, root)
+    from envport.plan.site import load_site
+    from envport.report.matrix import Probes, judge, pairs
+
+    site = load_site(args.site, root)
+    by_name = {ld.spec.name: ld for ld in loaded}
+    probes = Probes(site, root)
+    judged = [judge(by_name[p.env], p, site, root, probes) for p in pairs(list(by_name), site, tuple(targets))]
+    if args.run:
+        return _run(args, root, judged)
+    return _list(args, judged)
+
+
+def _load(args, root: Path) -> list:
+    from envport.commands._common import load_selected
+    from envport.spec.loader import all_spec_names
+
+    names = _split(args.env)
+    ns = type(args)(**{**vars(args), "specs": names, "all": not names, "root": str(root)})
+    if not names and not all_spec_names(root):
+        from envport.core.errors import EnvportError
+
+        raise EnvportError(f"no specs in {root / 'specs'}", exit_code=2)
+    return load_selected(ns)
+
+
+def _github(args, root: Path) -> int:
+    from envport.commands._common import load_selected
+    from envport.plan.site import load_site
+    from envport.report import workflow
+
+    loaded = load_selected(type(args)(**{**vars(args), "specs": [], "all": True, "root": str(root)}))
+    text = workflow.workflow_text(loaded, load_site(args.site or workflow.WORKFLOW_SITE, root))
+    changed = workflow.write(root, text)
+    jobs = text.count("\n          - {")
+    print(f"{'OK' if changed else 'present':<8} {workflow.WORKFLOW_PATH} ({jobs} jobs"
+          f"{'' if changed else ', unchanged'})")
+    return 0
+
+
+# --- listing ---------------------------------------------------------------------
+
+
+def _needs_text(j) -> str:
+    if not j.runnable:
+        return j.why_not
+    return "; ".join(f"{n.what}: {n.detail}" + ("" if n.ok else " (unchecked)") for n in j.needs)
+
+
+def _list(args, judged) -> int:
+    from envport.core.verdict import StepResult, Verdict, envelope, print_json
+
+    if args.json:
+        steps = [StepResult(j.pair.label, Verdict.OK if j.runnable else Verdict.REFUSED,
+                            "runnable here" if j.runnable else j.why_not,
+                            reason=next((n.reason for n in j.needs if n.ok is False), ""),
+                            data=j.to_dict()).to_dict() for j in judged]
+        print_json(envelope("matrix", 0, steps=steps, pairs=[j.to_dict() for j in judged]))
+        return 0
+    width = max([len(j.pair.label) for j in judged] + [4])
+    print(f"{'PAIR':<{width}}  HERE  NEEDS (or why not)")
+    for j in judged:
+        print(f"{j.pair.label:<{width}}  {'yes' if j.runnable else 'no':<4}  {_needs_text(j)}")
+    n = sum(j.runnable for j in judged)
+    print(f"{n} of {len(judged)} pair(s) runnable here; `envport matrix --run` runs them")
+    return 0
+
+
+# --- running ---------------------------------------------------------------------
+
+
+def _run(args, root: Path, judged) -> int:
+    from envport.core.verdict import StepResult, Verdict, envelope, print_json
+    from envport.report.matrix import PairRun, junit_xml, summary_md
+
+    runs = [PairRun(j) for j in judged]
+    start = time.monotonic()
+    _schedule(root, args, [r for r in runs if r.judged.runnable], args.jobs)
+    wall = time.monotonic() - start
+    junit = Path(args.junit) if args.junit else root / "reports" / "matrix.xml"
+    summary = Path(args.summary) if args.summary else root / "reports" / "matrix-summary.md"
+    for path, data in ((junit, junit_xml(runs)), (summary, summary_md(runs, wall, args.jobs).encode())):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    code = 1 if any(r.exit_code not in (None, 0) for r in runs) else 0
+    if args.json:
+        verdicts = {"OK": Verdict.OK, "skipped": Verdict.SKIPPED, "REFUSED": Verdict.REFUSED}
+        steps = [StepResult(r.judged.pair.label, verdicts.get(r.verdict, Verdict.FAILED), r.detail,
+                            seconds=r.seconds, data={"exit_code": r.exit_code, "size": r.size, "where": r.where,
+                                                     "steps": r.steps}).to_dict() for r in runs]
+        print_json(envelope("matrix", code, steps=steps, junit=str(junit), summary=str(summary),
+                            wall_seconds=round(wall, 3), jobs=args.jobs))
+        return code
+    print(summary_md(runs, wall, args.jobs), end="")
+    print(f"junit: {junit}\nsummary: {summary}")
+    return code
+
+
+def _schedule(root: Path, args, runs: list, jobs: int) -> None:
+    """Run every pair, up to JOBS at once, never two holding the same lock (the docker engine) together;
+    pairs start in their listed order, a locked one waiting while a later free one may start."""
+    pending = list(runs)
+    held: set = set()
+    running = 0
+    cond = threading.Condition()
+    threads = []
+
+    def work(r):
+        nonlocal running
+        try:
+            _one(root, args, r)
+        finally:
+            with cond:
+                running -= 1
+                if r.judged.pair.lock:
+                    held.discard(r.judged.pair.lock)
+                cond.notify_all()
+
+    with cond:
+        while pending:
+            nxt = next((r for r in pending if r.judged.pair.lock not in held), None) if running < jobs else None
+            if nxt is None:
+                cond.wait()
+                continue
+            pending.remove(nxt)
+            running += 1
+            if nxt.judged.pair.lock:
+                held.add(nxt.judged.pair.lock)
+            t = threading.Thread(target=work, args=(nxt,), name=nxt.judged.pair.key, daemon=True)
+            threads.append(t)
+            t.start()
+    for t in threads:
+        t.join()
+
+
+_print_lock = threading.Lock()
+
+
+def _say(label: str, line: str) -> None:
+    with _print_lock:
+        print(f"[{label}] {line}", file=sys.stderr, flush=True)
+
+
+def _pair_env(pair, site) -> dict:
+    env = dict(os.environ)
+    if pair.target == "ssh":
+        # The env folder on the host: $ENVPORT_SSH_ENVS_DIR, else (the host is this machine) parity's own
+        # separate folder, so the "remote" build never finds the local venv present.
+        from envport.engines.ssh import resolve_host
+        from envport.report.parity import SAME_MACHINE_SSH_ENVS_DIR, same_machine
+
+        dir_ = os.environ.get("ENVPORT_SSH_ENVS_DIR")
+        if not dir_ and same_machine(resolve_host(site, pair.host)):
+            dir_ = SAME_MACHINE_SSH_ENVS_DIR
+        if dir_:
+            env["ENVPORT_ENVS_DIR"] = dir_
+    return env
+
+
+def _one(root: Path, args, r) -> None:
+    import json
+
+    from envport.plan.site import load_site
+
+    pair = r.judged.pair
+    argv = [sys.executable, "-m", "envport", "-C", str(root), *pair.up_args(), "--json",
+            *(["--site", args.site] if args.site else [])]
+    site = load_site(args.site, root)
+    env = _pair_env(pair, site)
+    _say(pair.label, "envport " + " ".join(argv[5:]))
+    t0 = time.monotonic()
+    tail: list[str] = []
+    try:
+        proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as exc:
+        r.exit_code, r.error = 1, f"could not start envport: {exc}"
+        return
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    for line in proc.stderr:
+        line = line.rstrip("\n")
+        tail = (tail + [line])[-20:]
+        _say(pair.label, line)
+    proc.wait()
+    reader.join()
+    r.seconds = time.monotonic() - t0
+    r.exit_code = proc.returncode
+    try:
+        data = json.loads("".join(out))
+        r.steps = data.get("steps") or []
+    except ValueError:
+        r.error = f"`envport up` exited {proc.returncode} without its JSON: " + " | ".join(tail[-5:])
+        r.exit_code = r.exit_code or 1
+    _measure(r, site)
+    _say(pair.label, f"{r.verdict} in {r.seconds:.1f}s: {r.detail}")
+
+
+def _measure(r, site) -> None:
+    """The built thing's size: the image's or SIF's from the build step, an env folder's by walking it
+    (over SSH: `du -sk` there)."""
+    import shlex
+
+    build = next((s for s in r.steps if s.get("step") == "build"), None)
+    data = (build or {}).get("data") or {}
+    r.where = data.get("image") or data.get("sif") or data.get("prefix") or ""
+    if data.get("size"):
+        r.size = int(data["size"])
+        return
+    prefix = data.get("prefix")
+    if not prefix:
+        return
+    if r.judged.pair.host:
+        from envport.engines.ssh import resolve_host, ssh_argv
+
+        argv = ssh_argv(resolve_host(site, r.judged.pair.host)) + [f"du -sk {shlex.quote(prefix)}/"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            r.size = int(proc.stdout.split()[0]) * 1024 if proc.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            r.size = None
+        return
+    r.size = _tree_bytes(Path(prefix))
+
+
+def _tree_bytes(path: Path) -> int | None:
+    try:
+        path = path.resolve(strict=True)
+    except OSError:
+        return None
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
