@@ -77,6 +77,19 @@ def state(proj: ShellProject) -> tuple:
     return freeze(prefix), env
 
 
+def timed_build(proj: ShellProject) -> tuple[int, list[tuple[float, str]]]:
+    """Build once, keeping when each progress line came: the rounds pick their kill points from these."""
+    proc = subprocess.Popen(proj.argv(NAME), cwd=proj.root, env=proj.env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    t0, stamps = time.monotonic(), []
+    for line in proc.stderr:
+        stamps.append((time.monotonic() - t0, line.rstrip("\n")))
+    proc.stderr.close()
+    rc = proc.wait(timeout=600)
+    assert len(stamps) >= 3, f"a build that prints {len(stamps)} progress lines leaves nowhere to kill it: {stamps}"
+    return rc, stamps
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> Path:
     return make_wheelhouse(tmp_path_factory.mktemp("wheels"))
@@ -89,13 +102,13 @@ def test_sigkill_at_random_points_then_the_next_build_is_a_fresh_build(tmp_path,
     print(f"\nENVPORT_KILL_SEED={seed}")
     proj = ShellProject.make(tmp_path / "project", wheels)
     shutil.copytree(REPO / "sites", proj.root / "sites")
-    fresh = {}
+    fresh, lines = {}, {}
     for i, data in enumerate(SPECS):
         other = ShellProject.make(tmp_path / f"fresh-{i}", wheels)
         shutil.copytree(REPO / "sites", other.root / "sites")
         other.write(data)
-        built = other.build(NAME)
-        assert built.verdict == "OK", built.why()
+        rc, lines[i] = timed_build(other)
+        assert rc == 0, lines[i]
         fresh[i] = state(other)
 
     where, current, landed = [], None, 0
@@ -105,13 +118,16 @@ def test_sigkill_at_random_points_then_the_next_build_is_a_fresh_build(tmp_path,
         proj.write(SPECS[killed])
         proc = subprocess.Popen(proj.argv(NAME), cwd=proj.root, env=proj.env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
-        after = rng.randrange(1, 12)  # progress lines to wait for, then a jitter into the next step
+        # A random progress line of this spec's own build, then a jitter no longer than the gap a
+        # fresh build left before its next line: the kill lands inside the build, wherever it is.
+        stamps = lines[killed]
+        k = rng.randrange(len(stamps) - 1)
         seen = []
         for line in proc.stderr:
             seen.append(line.rstrip("\n"))
-            if len(seen) >= after:
+            if len(seen) > k:
                 break
-        time.sleep(rng.uniform(0, 1.5))  # the random point itself, not an ordering wait
+        time.sleep(rng.uniform(0, min(1.5, stamps[k + 1][0] - stamps[k][0])))  # the random point itself
         landed += proc.poll() is None
         whole_tree = round_ % 2 == 1
         if whole_tree:

@@ -318,6 +318,14 @@ def exchange_gpus(store, rank, world, ident):
     """Every rank's GPU through the rendezvous store; raises SharedGpuError naming who shares what."""
     store.set("envport/gpu/%d" % rank, ident)
     idents = {r: store.get("envport/gpu/%d" % r).decode("utf-8", "replace") for r in range(world)}
+    store.set("envport/gpu-read/%d" % rank, "1")
+    if rank == 0:
+        # Rank 0 hosts the store: leaving before every rank has read the ids would turn
+        # their SharedGpuError into "Connection reset by peer" and lose who shares what.
+        try:
+            store.wait(["envport/gpu-read/%d" % r for r in range(world)])
+        except Exception:  # a rank that died meanwhile; the ids rank 0 has still decide
+            pass
     groups = shared_gpus(idents)
     if groups:
         raise SharedGpuError(shared_gpu_message(groups))
@@ -360,6 +368,11 @@ def run_rank(rank, world, local_rank, opts, result_path=None):
     t0 = time.time()
     checks = [c for c in opts["checks"].split(",") if c]
     base = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid()}
+    # Which node this rank runs on, where a launcher across nodes says so (srun: SLURMD_NODENAME, NODE_RANK).
+    if os.environ.get("SLURMD_NODENAME"):
+        base["node"] = os.environ["SLURMD_NODENAME"]
+    if os.environ.get("NODE_RANK", "").isdigit():
+        base["node_rank"] = int(os.environ["NODE_RANK"])
     done = set()
     current = checks[0] if checks else "collectives"
     try:
