@@ -79,6 +79,11 @@ slurm name *args:
 parity name *args:
     envport parity "$@"
 
+# Every spec x target: `just matrix` lists what each pair needs and whether this host can run it;
+# `just matrix --run --jobs 2` runs `envport up` for each runnable pair (reports/matrix.xml, reports/matrix-summary.md).
+matrix *args:
+    envport matrix "$@"
+
 # A venv on the SSH site host `test`: build, verify (testinfra ssh://), witnesses.
 ssh-build name *args:
     envport build "$@" --target venv --host test

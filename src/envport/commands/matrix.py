@@ -117,7 +117,7 @@ def _github(args, root: Path) -> int:
 def _needs_text(j) -> str:
     if not j.runnable:
         return j.why_not
-    return "; ".join(f"{n.what}: {n.detail}" + ("" if n.ok else " (unchecked)") for n in j.needs)
+    return "; ".join(f"{n.what}: {n.detail}" for n in j.needs)
 
 
 def _list(args, judged) -> int:

@@ -170,19 +170,20 @@ def _base_need(loaded, site, target: str, probes: Probes) -> Need:
 
     base = base_of(loaded, site, target)
     what = f"base image {base.image}"
-    if base.bootstrap == "localimage":
+    if target == "apptainer" and base.bootstrap == "localimage":
         ok = os.path.exists(base.bootstrap_from)
         return Need(what, ok, f"local SIF/sandbox {base.bootstrap_from}" + ("" if ok else " is missing"),
                     "" if ok else "base_image_missing", "" if ok else f"fix local_images in sites/{site.name}.yaml")
     problem = probes.engine()
-    if problem is None and probes.has_image(base.image):
+    if problem is not None:
+        return Need(what, None, f"not checked: no docker engine answers ({problem})")
+    if probes.has_image(base.image):
         return Need(what, True, "in the local docker engine")
     if site.registry and not base.image.startswith("envport/"):
         return Need(what, None, f"not local; site {site.name!r} pulls it at build time (the registry is not "
                     "checked here)")
-    where = f"no docker engine answers ({problem})" if problem else "not in the local docker engine"
-    return Need(what, False, f"{where} and site {site.name!r} cannot pull it", "base_image_missing",
-                base_fix(base.image, site))
+    return Need(what, False, f"not in the local docker engine and site {site.name!r} cannot pull it",
+                "base_image_missing", base_fix(base.image, site))
 
 
 def judge(loaded, pair: Pair, site, root, probes: Optional[Probes] = None, gpu_inventory=None) -> Judged:
@@ -195,13 +196,10 @@ def judge(loaded, pair: Pair, site, root, probes: Optional[Probes] = None, gpu_i
     target = "venv" if pair.target == "ssh" else pair.target
     ctx = Context(spec, target, host=pair.host, project_root=root, gpu_inventory=gpu_inventory)
     if pair.target == "docker":
-        problem = probes.engine()
-        j.needs.append(Need("docker engine", problem is None, "answers" if problem is None else problem,
-                            "" if problem is None else "docker_unreachable",
-                            "" if problem is None else "start dockerd, or check DOCKER_HOST"))
+        j.needs.extend(_engine_need(ctx, "answers"))
         j.needs.append(_base_need(loaded, site, "docker", probes))
     elif pair.target == "apptainer":
-        j.needs.extend(_apptainer_needs(loaded, site, probes))
+        j.needs.extend(_apptainer_needs(loaded, site, probes, Context(spec, "docker", project_root=root)))
     elif pair.target == "ssh":
         j.needs.append(_ssh_need(pair, spec.name, site, probes))
     else:
@@ -212,7 +210,14 @@ def judge(loaded, pair: Pair, site, root, probes: Optional[Probes] = None, gpu_i
     return j
 
 
-def _apptainer_needs(loaded, site, probes: Probes) -> list[Need]:
+def _engine_need(docker_ctx, ok_detail: str) -> list[Need]:
+    """The docker client and engine, as preflight judges them for --target docker."""
+    from envport.build.preflight import check_runtime
+
+    return _findings("docker engine", check_runtime, docker_ctx) or [Need("docker engine", True, ok_detail)]
+
+
+def _apptainer_needs(loaded, site, probes: Probes, docker_ctx) -> list[Need]:
     from envport.build.apptainer.binary import apptainer_binary
     from envport.build.apptainer.builder import builder_missing
     from envport.engines import sif_run
@@ -230,10 +235,7 @@ def _apptainer_needs(loaded, site, probes: Probes) -> list[Need]:
             needs.append(Need("SIF builder", True, "envport's .def builder (root, mksquashfs, bwrap)"))
     base = base_of(loaded, site, "apptainer")
     if base.bootstrap in ("docker-daemon", "docker") and not (binary and base.bootstrap == "docker"):
-        problem = probes.engine()
-        needs.append(Need("docker engine", problem is None, "answers (the base rootfs comes from it)"
-                          if problem is None else problem, "" if problem is None else "docker_unreachable",
-                          "" if problem is None else "start dockerd, or check DOCKER_HOST"))
+        needs.extend(_engine_need(docker_ctx, "answers (the base rootfs comes from it)"))
     needs.append(_base_need(loaded, site, "apptainer", probes))
     kind = sif_run.runtime()
     absent = sif_run.missing_tools(kind)
