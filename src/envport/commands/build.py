@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from envport.commands._common import load_one, project_root
 
 BUILD_TARGETS = ("docker", "apptainer", "venv", "conda")
@@ -49,12 +51,12 @@ def register(sub) -> None:
 
 
 def _fast_present(args) -> int | None:
-    """Docker `present` without loading the spec (commands/fast.py, build/docker/present.py)."""
-    if args.target != "docker" or args.rebuild or args.no_cache or args.no_lock:
-        return None
-    from envport.commands.fast import answer
+    """Docker or SIF `present` without loading the spec (commands/fast.py, build/*/present.py)."""
+    from envport.commands.fast import TARGETS, answer
 
-    return answer(args.spec, args.site, args.root, args.json)
+    if args.target not in TARGETS or args.rebuild or args.no_cache or args.no_lock or args.from_docker:
+        return None
+    return answer(args.spec, args.target, args.site, args.root, args.json)
 
 
 def run(args) -> int:
@@ -108,20 +110,29 @@ def _lock_gate(args, loaded, site):
     return site, None, lock_path(loaded).name
 
 
+def _rememberable(args, loaded) -> bool:
+    """This build is the env the fast path's plain `build NAME` would mean: by name, with its lock."""
+    return args.spec == loaded.spec.name and not args.no_lock
+
+
 def _build(args, loaded, site, root, identity, progress):
     if args.target == "docker":
         from envport.build.docker import builder as docker
         from envport.build.docker.present import remember
 
         results = docker.build(loaded, site, root, rebuild=args.rebuild, no_cache=args.no_cache, progress=progress)
-        if results[-1].verdict.ok:
+        if results[-1].verdict.ok and _rememberable(args, loaded):
             remember(root, loaded.spec.name, args.site, identity.hash, identity.image_tag)
         return results
     if args.target == "apptainer":
         from envport.build.apptainer import builder as apptainer
+        from envport.build.apptainer.present import remember
 
-        return apptainer.build(loaded, site, root, rebuild=args.rebuild, from_docker=args.from_docker,
-                               progress=progress)
+        results = apptainer.build(loaded, site, root, rebuild=args.rebuild, from_docker=args.from_docker,
+                                  progress=progress)
+        if results[-1].verdict.ok and _rememberable(args, loaded) and results[-1].data.get("sif"):
+            remember(root, loaded.spec.name, args.site, identity.hash, str(Path(results[-1].data["sif"]).resolve()))
+        return results
     from envport.build import shell
 
     return shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,

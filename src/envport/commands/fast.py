@@ -1,13 +1,15 @@
-"""`envport build NAME --target docker` on a present image, answered before anything else loads.
+"""`envport build NAME --target docker|apptainer` on a present env, answered before anything else loads.
 
-A no-op build has to be well ahead of BuildKit's own fully cached build
-(~0.12 s here), and the interpreter alone takes ~0.035 s to start, so this
-path imports only json, hashlib and socket (build/docker/present.py and
-engines/docker_socket.py): no argparse, no other command module, not even
-the verdict module (its line and its `--json` shape are written here;
-tests/test_fast_argv.py holds them equal to what core/verdict prints).
-Anything it does not recognise, or any doubt about the image, returns None
-and the full path decides.
+A no-op docker build has to be well ahead of BuildKit's own fully cached
+build (~0.09 s here), a no-op SIF build under 0.1 s, and the interpreter
+alone takes ~0.035 s to start, so this path imports only os, json, the
+built-in blake2b and `_socket` (build/present_cache.py, build/docker/present.py,
+engines/docker_socket.py) or `struct` (build/apptainer/present.py,
+engines/sif_header.py): no argparse, no pathlib, no other command module,
+not even the verdict module (its line and its `--json` shape are written
+here; tests/test_fast_argv.py holds them equal to what core/verdict prints).
+Anything it does not recognise, or any doubt about the env, returns None and
+the full path decides.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import os
 import sys
 
+TARGETS = ("docker", "apptainer")
+
 
 def fast_argv(argv: list[str]) -> int | None:
-    """`[-C ROOT] build NAME --target docker [--site S] [--json]`, else None."""
+    """`[-C ROOT] build NAME --target docker|apptainer [--site S] [--json]`, else None."""
     root = None
     if argv[:1] in (["-C"], ["--root"]) and len(argv) > 2:
         root, argv = argv[1], argv[2:]
@@ -32,35 +36,45 @@ def fast_argv(argv: list[str]) -> int | None:
             as_json, rest = True, rest[1:]
         else:
             return None
-    if opts["--target"] != "docker":
+    if opts["--target"] not in TARGETS:
         return None
-    return answer(argv[1], opts["--site"], root, as_json)
+    return answer(argv[1], opts["--target"], opts["--site"], root, as_json)
 
 
-def answer(spec: str, site: str | None, root: str | None, as_json: bool) -> int | None:
-    """Print `present` and return 0 when the image is certainly present; None otherwise."""
-    if spec.endswith((".yaml", ".yml")):
+def answer(spec: str, target: str, site: str | None, root: str | None, as_json: bool) -> int | None:
+    """Print `present` and return 0 when the env is certainly present; None otherwise."""
+    if spec.endswith((".yaml", ".yml")) or "/" in spec:
         return None
     base = os.path.abspath(root) if root else os.getcwd()
     if not os.path.isfile(os.path.join(base, "specs", f"{spec}.yaml")):
         return None  # not at the project root: the full path finds it
-    from pathlib import Path
+    if target == "docker":
+        from envport.build.docker.present import present
 
-    from envport.build.docker.present import present
+        hit = present(base, spec, site)
+        if hit is None:
+            return None
+        step, detail = f"image {hit['tag']}", f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)"
+        data = {"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]}
+    else:
+        from envport.build.apptainer.present import present
 
-    hit = present(Path(base), spec, site)
-    if hit is None:
-        return None
-    step, detail = f"image {hit['tag']}", f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)"
+        hit = present(base, spec, site)
+        if hit is None:
+            return None
+        size = hit["size"]  # as build/apptainer/builder.py words it
+        step, detail = f"sif {os.path.basename(hit['sif'])}", \
+            f"{hit['sif']} ({f'{size / 1e9:.2f} GB' if size >= 1e9 else f'{size / 1e6:.0f} MB'})"
+        data = {"sif": hit["sif"], "size": size, "route": "present"}
     if as_json:
         import json
 
         # core.verdict's `--json` shape (envelope of one StepResult.to_dict()), without importing it.
         result = {"step": step, "verdict": "present", "detail": detail, "reason": "", "lines": [], "seconds": 0.0,
-                  "data": {"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]}}
+                  "data": data}
         json.dump({"command": "build", "exit_code": 0, "steps": [result], "problems": []}, sys.stdout, indent=2,
                   ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
-    sys.stdout.write(f"{'present':<8} {step}: {detail}\npresent {spec}@{hit['hash'][:12]} --target docker\n")
+    sys.stdout.write(f"{'present':<8} {step}: {detail}\npresent {spec}@{hit['hash'][:12]} --target {target}\n")
     return 0

@@ -1,19 +1,20 @@
-"""One question to the docker engine over its unix socket, with nothing but `socket` and `json`.
+"""One question to the docker engine over its unix socket, with nothing but `_socket` and `json`.
 
 The fast `present` path of `envport build --target docker` asks only "does
 this tag exist, and what are its labels?".  `envport.engines.docker` answers
 that too, but importing it (http.client and the email package behind it,
 subprocess, threading, ctypes) cost more than the question: the whole no-op
 build has to stay well under BuildKit's own cached build, so this module
-speaks HTTP/1.0 itself (the engine closes the connection after one reply,
-so the body is everything after the headers).
+speaks HTTP/1.0 itself over the C socket module (the engine closes the
+connection after one reply, so the body is everything after the headers).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
+
+import _socket  # the C module: `socket` adds selectors, enum classes and array, none of which one GET needs
 
 
 def engine_socket() -> str | None:
@@ -33,7 +34,8 @@ def get_json(path: str, timeout: float = 2.0) -> dict | None:
         return None
     chunks = []
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
             sock.settimeout(timeout)
             sock.connect(where)
             sock.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
@@ -42,6 +44,8 @@ def get_json(path: str, timeout: float = 2.0) -> dict | None:
                 if not block:
                     break
                 chunks.append(block)
+        finally:
+            sock.close()
     except OSError:
         return None
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")

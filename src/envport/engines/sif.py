@@ -32,17 +32,12 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from envport.core.errors import ReasonError
+# The layout's constants live with the stdlib-only reader of the no-op build (engines/sif_header.py).
+from envport.engines.sif_header import (  # noqa: F401 (re-exported: callers import them from here)
+    DATA_GENERIC_JSON, DATA_OFFSET, DATA_PARTITION, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
+    LAUNCH_SCRIPT, MAGIC, VERSION, object_inside, table_consistent)
 
-LAUNCH_SCRIPT = b"#!/usr/bin/env run-singularity\n"
-MAGIC = b"SIF_MAGIC\0"
-VERSION = b"01\0"
-
-HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")
-DESCRIPTOR = struct.Struct("<i?IIIqqqqqqq128s384s")
 PARTITION_EXTRA = struct.Struct("<ii3s")
-DESCRIPTORS_OFFSET = 4096
-DESCRIPTOR_SLOTS = 48
-DATA_OFFSET = DESCRIPTORS_OFFSET + DESCRIPTOR_SLOTS * DESCRIPTOR.size  # 32176
 PARTITION_ALIGN = 4096
 GROUP_MASK = 0xF0000000
 DEFAULT_GROUP = 1
@@ -50,9 +45,7 @@ DEFAULT_GROUP = 1
 DATA_DEFFILE = 0x4001
 DATA_ENVVAR = 0x4002
 DATA_LABELS = 0x4003
-DATA_PARTITION = 0x4004
 DATA_SIGNATURE = 0x4005
-DATA_GENERIC_JSON = 0x4006
 # Names as `siftool list` prints them (2 and 3 measured: --datatype 2 lists as
 # Env.Vars, 3 as JSON.Labels).
 DATATYPE_NAMES = {
@@ -233,8 +226,7 @@ def _parse_header(path: Path, raw: bytes, size: int) -> tuple:
 
 def _check_layout(path: Path, fields: tuple, size: int) -> None:
     dfree, dtotal, doff, dsize, dataoff, datasize = fields[7:13]
-    if not (0 < dtotal <= 1 << 16 and 0 <= dfree <= dtotal and doff >= HEADER.size
-            and dsize == dtotal * DESCRIPTOR.size and dataoff >= doff + dsize and datasize >= 0):
+    if not table_consistent(fields):
         raise SifError("corrupt_header", f"{path}: inconsistent SIF header (descriptors total={dtotal} "
                                          f"free={dfree} offset={doff} size={dsize}, data offset={dataoff} "
                                          f"size={datasize}): the file is damaged; rebuild it")
@@ -254,7 +246,7 @@ def _parse_descriptor(path: Path, slot: int, raw: bytes, fields: tuple, size: in
         return None
     where = f"{path}: descriptor {slot + 1} (id {did}, {DATATYPE_NAMES.get(dtype, hex(dtype))})"
     dataoff = fields[11]
-    if off < dataoff or dsize < 0 or padded < dsize or off + dsize > size:
+    if not object_inside(off, dsize, padded, dataoff, size):
         raise SifError("corrupt_descriptor", f"{where} points at bytes {off}..{off + dsize}, outside the "
                                              f"data section ({dataoff}..{size}): the file is damaged; rebuild it")
     desc = dict(id=did, datatype=dtype, datatype_name=DATATYPE_NAMES.get(dtype, f"unknown({dtype:#x})"),

@@ -1,0 +1,44 @@
+"""A fast `present` for `envport build --target apptainer`, without pydantic or engines/sif.py's imports.
+
+The SIF path and hash the last good build of these exact inputs ended with
+come from build/present_cache.py; then the SIF itself is read: its header,
+its descriptor table and its `inspect-metadata.json` (engines/sif_header.py,
+a few kilobytes, nothing of the partition), the same checks and the same
+label as builder.present.  Any doubt (another input, a file missing,
+truncated, foreign or relabelled) falls through to the full path, which
+decides for real and says why.
+"""
+
+from __future__ import annotations
+
+from envport.build.present_cache import recall
+from envport.build.present_cache import remember as _remember
+
+TARGET = "apptainer"
+
+
+def remember(root, name: str, site_name: str | None, hash_: str, sif: str) -> None:
+    _remember(root, name, site_name, TARGET, hash_, sif)
+
+
+def present(root, name: str, site_name: str | None) -> dict | None:
+    """{'hash', 'sif', 'size'} when the remembered SIF is whole and its labels carry its hash, else None."""
+    hit = recall(root, name, site_name, TARGET)
+    if hit is None:
+        return None
+    hash_, sif = hit
+    from envport.engines.sif_header import generic_json
+
+    found = generic_json(sif, "inspect-metadata.json")
+    if found is None:
+        return None
+    import json
+
+    try:
+        meta = json.loads(found[0])
+        label = meta["data"]["attributes"]["labels"]["envport.hash"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if label != hash_:
+        return None
+    return {"hash": hash_, "sif": sif, "size": found[1]}
