@@ -18,6 +18,8 @@ Fixtures (all session-scoped):
   (``envport/debian-bookworm:base``, or ``$ENVPORT_BASE_IMAGE``), built by
   ``.ci/services/base-image.sh`` if missing.
 - ``slurm`` -> ``SlurmNode``: the one-node Slurm cluster (node name, state, CPUs).
+- ``slurm_multi`` -> ``SlurmMulti``: the two-node cluster of ``.ci/services/slurm-multi.sh``
+  (each slurmd in its own network namespace; its own slurm.conf).
 - ``ssh_host`` -> ``SshHost``: the test sshd on 127.0.0.1:2222 (alias,
   ssh_config path, testinfra URL ``ssh://envport-test``).
 """
@@ -42,7 +44,12 @@ SSH_ALIAS = "envport-test"
 SLURM_UP = SERVICES_DIR / "slurm-up.sh"
 
 # Limits for the start scripts; each script also bounds its own waits.
-START_TIMEOUT_S = {"dockerd.sh": 120, "slurm.sh": 120, "sshd.sh": 60, "base-image.sh": 1200}
+START_TIMEOUT_S = {"dockerd.sh": 120, "slurm.sh": 120, "slurm-multi.sh": 120, "sshd.sh": 60,
+                   "base-image.sh": 1200}
+# The multi-node cluster's slurm.conf (slurm/clusters/multi.yaml names the same file); .ci/run points it
+# away with ENVPORT_CI_WITHOUT=slurm-multi.
+SLURM_MULTI_CONF = os.environ.get("ENVPORT_SLURM_MULTI_CONF", "/etc/slurm-multi/slurm.conf")
+SLURM_MULTI_NODES = ("node1", "node2")
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,21 @@ class SlurmNode:
     name: str  # node name, `hostname -s`; what `srun hostname` prints, short form
     state: str  # sinfo %t at session start: one of slurm-up.sh's UP_STATES
     cpus: int  # CPUs slurm.conf gives the node (= nproc)
+
+
+@dataclass(frozen=True)
+class SlurmMulti:
+    """The two-node cluster `.ci/services/slurm-multi.sh` runs: slurmd `node<i>` in netns `envport-node<i>`."""
+
+    conf: str  # its slurm.conf: SLURM_CONF for every Slurm command aimed at it
+    nodes: tuple[str, ...]  # node1, node2
+    state_dir: Path  # slurmd pid files: STATE_DIR/<node>/slurmd.pid
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": self.conf, **extra}
+
+    def slurmd_pid_file(self, node: str) -> Path:
+        return self.state_dir / node / "slurmd.pid"
 
 
 @dataclass(frozen=True)
@@ -193,6 +215,36 @@ def slurm() -> SlurmNode:
         if node is None:
             pytest.fail(f"slurm.sh succeeded but {why}", pytrace=False)
     return node
+
+
+def _slurm_multi_up() -> str:
+    """Empty when every node of the multi-node cluster is up (slurm-up.sh, node by node), else why not."""
+    env = {**os.environ, "SLURM_CONF": SLURM_MULTI_CONF}
+    for node in SLURM_MULTI_NODES:
+        try:
+            proc = subprocess.run(["bash", str(SLURM_UP), node], capture_output=True, text=True, timeout=60, env=env)
+        except subprocess.TimeoutExpired:
+            return f"{SLURM_UP.name} {node} gave no answer in 60s"
+        if proc.returncode != 0:
+            return f"{node}: " + (proc.stderr.strip() or f"{SLURM_UP.name} exited {proc.returncode}")
+    return ""
+
+
+@pytest.fixture(scope="session")
+def slurm_multi(slurm) -> SlurmMulti:
+    """The two-node cluster in network namespaces, every node up (it shares the one-node cluster's munged)."""
+    if not shutil.which("ip") or not shutil.which("nsenter"):
+        missing("no ip/nsenter for the multi-node cluster's network namespaces (apt-get install iproute2 util-linux)")
+    why = _slurm_multi_up()
+    if why:
+        if not start_requested():
+            missing(_not_up("multi-node slurm", why, "slurm-multi.sh"))
+        _start_or_fail("slurm-multi.sh")
+        why = _slurm_multi_up()
+        if why:
+            pytest.fail(f"slurm-multi.sh succeeded but {why}", pytrace=False)
+    return SlurmMulti(conf=SLURM_MULTI_CONF, nodes=SLURM_MULTI_NODES,
+                      state_dir=Path(os.environ.get("ENVPORT_SLURM_MULTI_DIR", "/var/lib/envport-slurm-multi")))
 
 
 # --- ssh ---------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_docker_ranks_get_a_container_named_by_job_and_rank():
     wrapper = argv[argv.index("-c") + 1]
     assert 'name="$1-${SLURM_JOB_ID}-${SLURM_PROCID}"' in wrapper
     assert '--label "envport.slurm-job=${SLURM_JOB_ID}"' in wrapper
-    assert "-e RANK -e LOCAL_RANK -e WORLD_SIZE -e MASTER_ADDR -e MASTER_PORT" in wrapper
+    assert "-e RANK -e LOCAL_RANK -e WORLD_SIZE -e NODE_RANK -e SLURMD_NODENAME -e MASTER_ADDR -e MASTER_PORT" in wrapper
     assert "rm -f \"$name\"" in wrapper  # TERM from scancel removes this rank's container
     tail = argv[argv.index("envport-task") + 1:]
     assert tail[:2] == [f"envport-{ENV_NAME}", "docker"]

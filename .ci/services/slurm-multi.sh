@@ -46,29 +46,10 @@ fi
 
 node_names() { local i; for ((i = 1; i <= nodes; i++)); do echo "node$i"; done; }
 
-# alive NAME PIDFILE: the pid in PIDFILE runs a process called NAME.
-alive() {
-    local pid
-    [[ -s "$2" ]] || return 1
-    pid=$(<"$2")
-    [[ -r "/proc/$pid/comm" && "$(<"/proc/$pid/comm")" == "$1" ]]
-}
-
-# stop NAME PIDFILE: only daemons started from our own pid files, never by name.
-stop() {
-    local pid deadline
-    alive "$1" "$2" || return 0
-    pid=$(<"$2")
-    kill "$pid"
-    deadline=$((SECONDS + 20))
-    while kill -0 "$pid" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            echo "slurm-multi: $1 (pid $pid) did not stop in 20s" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
-}
+tag=slurm-multi
+# alive, stop, slurm_conf_common
+# shellcheck source=.ci/services/slurm-lib.sh
+. "$here/slurm-lib.sh"
 
 ctld_pid="$state_dir/slurmctld.pid"
 node_pid() { echo "$state_dir/$1/slurmd.pid"; }
@@ -149,27 +130,13 @@ ClusterName=envport-multi
 SlurmctldHost=$ctld_host($host_addr)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=$state_dir/jobcomp.txt
-MaxJobCount=100000
+$(slurm_conf_common "$state_dir")
 # Every node has the machine's CPUs; their slurmds share them.
 SlurmdParameters=config_overrides
 # A node whose slurmd stops answering is DOWN after 10 s and its jobs end NODE_FAIL,
 # not requeued (the node-failure test waits for that).
 SlurmdTimeout=10
 JobRequeue=0
-ReturnToService=2
 StateSaveLocation=$state_dir/state
 # %n: each slurmd its own spool, pid and log (they share the filesystem).
 SlurmdSpoolDir=$state_dir/%n/spool

@@ -26,13 +26,10 @@ for bin in sinfo scontrol /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged 
     fi
 done
 
-# alive NAME PIDFILE: the pid in PIDFILE runs a process called NAME.
-alive() {
-    local pid
-    [[ -s "$2" ]] || return 1
-    pid=$(<"$2")
-    [[ -r "/proc/$pid/comm" && "$(<"/proc/$pid/comm")" == "$1" ]]
-}
+tag=slurm
+# alive, stop, slurm_conf_common
+# shellcheck source=.ci/services/slurm-lib.sh
+. "$here/slurm-lib.sh"
 
 ctld_pid="$state_dir/slurmctld.pid"
 slurmd_pid="$state_dir/slurmd.pid"
@@ -45,22 +42,6 @@ if [[ -f "$conf" ]] && grep -qxF "$marker" "$conf" \
     echo "slurm: node $node already up ($(node_state))"
     exit 0
 fi
-
-# stop NAME PIDFILE: only daemons started from our own pid files, never by name.
-stop() {
-    local pid deadline
-    alive "$1" "$2" || return 0
-    pid=$(<"$2")
-    kill "$pid"
-    deadline=$((SECONDS + 20))
-    while kill -0 "$pid" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            echo "slurm: $1 (pid $pid) did not stop in 20s" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
-}
 
 # --- munge ---------------------------------------------------------------
 mkdir -p /run/munge
@@ -95,24 +76,7 @@ new_conf=$(cat <<CONF
 $marker
 ClusterName=envport
 SlurmctldHost=$node(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-# Without a database, sacct -c reads this job-completion file.
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=$state_dir/jobcomp.txt
-# Test suites submit bursts of short jobs; room so submissions are never refused.
-MaxJobCount=100000
-# A node that was DOWN comes back as soon as its slurmd registers.
-ReturnToService=2
+$(slurm_conf_common "$state_dir")
 StateSaveLocation=$state_dir/state
 SlurmdSpoolDir=$state_dir/spool/slurmd
 SlurmctldPidFile=$state_dir/slurmctld.pid

@@ -32,7 +32,13 @@ def register(sub) -> None:
     s.add_argument("--check", action="append", default=[], metavar="CHECK",
                    help="run only these checks (repeat or comma-separate): python, imports, cli, kernel, "
                    "collectives, dtensor (default: all the spec declares)")
-    s.add_argument("--world-size", type=int, default=None, help="ranks (Slurm tasks) for the collectives check")
+    s.add_argument("--world-size", type=int, default=None, help="ranks (Slurm tasks) for the collectives check "
+                   "(default: the spec's; with --nodes and --ntasks-per-node, their product)")
+    s.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="sbatch --nodes: spread the ranks over N nodes (MASTER_ADDR is the first one; "
+                   "NODE_RANK is SLURM_NODEID)")
+    s.add_argument("--ntasks-per-node", type=int, default=None, metavar="M",
+                   help="sbatch --ntasks-per-node: M ranks on each node (LOCAL_RANK 0..M-1)")
     s.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12> for --site)")
     s.add_argument("--sif", default=None, metavar="FILE",
                    help="apptainer: the SIF, on a path the nodes see (default <sif_dir>/NAME-<hash12>.sif for --site)")
@@ -78,6 +84,7 @@ def run_build(args) -> int:
     loaded = load_one(args, args.name)
     profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
+    _use_slurm_conf(profile)
     site = load_site(args.site, loaded.root)
     resolved = resolve(loaded, site, "apptainer")
     job_dir = slurm.new_job_dir(profile, loaded.spec.name)
@@ -139,13 +146,20 @@ def run_submit(args) -> int:
 
     only = parse_checks(args.check, "--check")
     check_world_size(args.world_size)
+    slots = _check_layout(args)
     loaded = load_one(args, args.name)
     profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
-    opts = WitnessOptions(only=only, world_size=args.world_size, deadline_s=args.deadline)
+    _use_slurm_conf(profile)
+    opts = WitnessOptions(only=only, world_size=args.world_size or slots, deadline_s=args.deadline)
     site = load_site(args.site, loaded.root)
     identity = resolve(loaded, site, args.target).identity
     job = _job(args, loaded, identity, profile, opts)
+    if slots and (wider := [c for c in job.calls if c.world > slots]):
+        from envport.core.errors import EnvportError
+
+        raise EnvportError(f"{wider[0].label} needs {wider[0].world} ranks; --nodes {args.nodes} --ntasks-per-node "
+                           f"{args.ntasks_per_node} give {slots}: raise them, or --check the other witnesses")
     refusal = slurm.refusal(job, opts)
     if args.dry_run:
         return _dry_run(args, job, refusal)
@@ -179,6 +193,29 @@ def run_submit(args) -> int:
     return result.data["exit_code"]
 
 
+def _check_layout(args) -> int | None:
+    """The ranks --nodes x --ntasks-per-node give (None unless both are set); usage errors for the rest."""
+    from envport.core.errors import EnvportError
+
+    for flag, value in (("--nodes", args.nodes), ("--ntasks-per-node", args.ntasks_per_node)):
+        if value is not None and value < 1:
+            raise EnvportError(f"{flag} must be >= 1 (got {value})")
+    if not (args.nodes and args.ntasks_per_node):
+        return None
+    slots = args.nodes * args.ntasks_per_node
+    if args.world_size and args.world_size > slots:
+        raise EnvportError(f"--world-size {args.world_size} is more ranks than --nodes {args.nodes} x "
+                           f"--ntasks-per-node {args.ntasks_per_node} = {slots}")
+    return slots
+
+
+def _use_slurm_conf(profile) -> None:
+    """A profile's slurm_conf for every Slurm command this process runs (sbatch, squeue, scontrol, sacct, sinfo,
+    scancel) and, through sbatch's environment, for the job's own."""
+    if profile.slurm_conf:
+        os.environ["SLURM_CONF"] = os.path.expanduser(profile.slurm_conf)
+
+
 def _plan(spec, opts, profile):
     """The witness calls for the allocation the profile asks for: NCCL worlds from its gres GPUs."""
     from envport.engines.gpu import census_from_gres
@@ -192,7 +229,7 @@ def _job(args, loaded, identity, profile, opts):
     from envport.witness import slurm_job as slurm
     from envport.witness.scripts.envport_sentinel import FAULT_ENV
 
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **profile.env}
     if os.environ.get(FAULT_ENV):
         env[FAULT_ENV] = os.environ[FAULT_ENV]  # test-only fault switch, as `envport witness` passes it
     image = prefix = sif = None
@@ -208,7 +245,8 @@ def _job(args, loaded, identity, profile, opts):
         prefix = args.prefix or slurm.default_prefix(loaded.spec.name, profile)
     return slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
                          calls=_plan(loaded.spec, opts, profile).calls, job_dir=slurm.new_job_dir(profile, loaded.spec.name),
-                         env=env, image=image, prefix=prefix, sif=sif)
+                         env=env, image=image, prefix=prefix, sif=sif, nodes=args.nodes,
+                         ntasks_per_node=args.ntasks_per_node)
 
 
 def _dry_run(args, job, refusal) -> int:

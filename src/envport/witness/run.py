@@ -439,6 +439,16 @@ def _rank_problems(ranks: dict[int, dict]) -> tuple[list[str], list[str]]:
     return errors + problems, fixes
 
 
+def _placement(ranks: dict) -> list[tuple[tuple, list[int]]]:
+    """[((node rank, node), [ranks]), ...] by node rank, where the ranks said which node they ran on (Slurm tasks:
+    SLURMD_NODENAME, NODE_RANK); [] otherwise."""
+    placed: dict = {}
+    for r, rec in sorted(ranks.items()):
+        if rec.get("node") is not None or rec.get("node_rank") is not None:
+            placed.setdefault((rec.get("node_rank"), rec.get("node") or "?"), []).append(r)
+    return sorted(placed.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))
+
+
 def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[StepResult]:
     group = next((r for r in records if r["check"] == "group"), None)
     stack_lines: list[str] = []
@@ -464,7 +474,14 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
             detail = f"{call.world} ranks on {where}, {n_ops} ops exact on every rank"
             if skipped:
                 detail += f" (skipped: {', '.join(skipped)})"
-            out.append(StepResult(step, Verdict.OK, detail, seconds=secs))
+            placed = _placement(ranks)
+            if placed:
+                detail += "; " + ", ".join(f"{node} (node rank {nr}): ranks {','.join(map(str, rs))}"
+                                           for (nr, node), rs in placed)
+            data = {"ranks": {str(r): {"node": rec.get("node"), "node_rank": rec.get("node_rank"),
+                                       "local_rank": rec.get("local_rank")} for r, rec in sorted(ranks.items())}} \
+                if placed else {}
+            out.append(StepResult(step, Verdict.OK, detail, seconds=secs, data=data))
             continue
         if group and group.get("error"):
             # The group refused before any rank started ("world size 2 needs 2 GPUs, torch sees 1").

@@ -34,7 +34,7 @@ from envport.core.errors import EnvportError
 from envport.witness.launchers.base import WITNESS_DIR, LaunchResult
 from envport.witness.launchers.docker import DockerLauncher
 from envport.witness.launchers.local import LocalLauncher
-from envport.witness.launchers.srun import SrunLauncher, venv_prelude
+from envport.witness.launchers.srun import MASTER_ADDR_FN, SrunLauncher, venv_prelude
 from envport.spec.yamlfile import load_model
 from envport.core.progress import Progress, quiet, tail
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
@@ -107,6 +107,22 @@ class ClusterProfile(BaseModel):
     tmp_dir: Optional[str] = Field(default=None, description="TMPDIR inside the job")
     max_pending: float = Field(default=600.0, gt=0, description="seconds (or 90s/10m/1h) a job may stay "
                                "PENDING before it is cancelled and REFUSED")
+    slurm_conf: Optional[str] = Field(default=None, description="SLURM_CONF for every Slurm command envport runs "
+                                      "and inside the job: a cluster whose slurm.conf is not the default one")
+    env: dict[str, str] = Field(default={}, description="environment of every task (docker: -e), e.g. "
+                                "GLOO_SOCKET_IFNAME: the interface of the network between the nodes")
+    docker_master_addr: Optional[str] = Field(
+        default=None, description="MASTER_ADDR of docker tasks instead of the first node's address: where "
+        "`docker run --network host` puts containers in a network the nodes are not in (nodes emulated in "
+        "network namespaces: dockerd's is the host's)")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return v
 
     @field_validator("partition", "account", "gres", "mem", "constraint")
     @classmethod
@@ -201,6 +217,8 @@ class JobSpec:
     prefix: Optional[str] = None  # venv: the env on the nodes
     docker_bin: str = "docker"
     python: str = "python3"  # docker: the interpreter inside the image
+    nodes: Optional[int] = None  # sbatch --nodes (None: Slurm picks)
+    ntasks_per_node: Optional[int] = None  # sbatch --ntasks-per-node
 
     @property
     def script_path(self) -> Path:
@@ -216,6 +234,8 @@ class JobSpec:
 
     @property
     def ntasks(self) -> int:
+        if self.nodes and self.ntasks_per_node:
+            return self.nodes * self.ntasks_per_node
         return max([c.world for c in self.calls if c.world] + [1])
 
     @property
@@ -261,6 +281,10 @@ def directives(job: JobSpec, node_cpus: Optional[int] = None) -> list[tuple[str,
         ("--cpus-per-task", str(p.cpus)),
         ("--time", p.time),
     ]
+    if job.nodes:
+        out.append(("--nodes", str(job.nodes)))
+    if job.ntasks_per_node:
+        out.append(("--ntasks-per-node", str(job.ntasks_per_node)))
     for flag, value in (("--partition", p.partition), ("--account", p.account), ("--gres", p.gres),
                         ("--mem", p.mem), ("--constraint", p.constraint)):
         if value:
@@ -268,7 +292,8 @@ def directives(job: JobSpec, node_cpus: Optional[int] = None) -> list[tuple[str,
     # More tasks than a node has CPUs would pend forever (Reason=PartitionConfig): overcommit
     # them.  A single task wider than a node stays as asked: it pends, and max_pending refuses it
     # (with --overcommit sbatch would reject it outright; measured on slurm-wlm 22.05).
-    if node_cpus and p.cpus <= node_cpus < job.ntasks * p.cpus:
+    per_node = job.ntasks_per_node or (-(-job.ntasks // job.nodes) if job.nodes else job.ntasks)
+    if node_cpus and p.cpus <= node_cpus < per_node * p.cpus:
         out.append(("--overcommit", None))
     return out
 
@@ -294,6 +319,8 @@ def render(job: JobSpec, node_cpus: Optional[int] = None) -> str:
         script_path=str(job.script_path), log_path=str(job.log_path), witness_dir=str(job.witness_dir),
         directives=directives(job, node_cpus), tmp_dir=job.profile.tmp_dir,
         activation=job.profile.activation, docker=job.target == "docker", docker_bin=job.docker_bin,
+        slurm_conf=job.profile.slurm_conf, master_addr_fn=MASTER_ADDR_FN,
+        docker_master_addr=job.profile.docker_master_addr if job.target == "docker" else None,
         sif_mounts=launcher.inner.prefix if job.target == "apptainer" else "",
         task_script=task_script, calls=calls,
     )
@@ -347,6 +374,7 @@ class JobOutcome:
     running_s: float = 0.0
     cancelled_by_us: str = ""  # "pending" | "deadline" | "interrupt"
     source: str = ""  # where the final state came from: scontrol | sacct -c | squeue
+    failed_nodes: list[str] = dataclasses.field(default_factory=list)  # NODE_FAIL: "node2: Not responding (down)"
 
     @property
     def exit_status(self) -> Optional[int]:
@@ -512,7 +540,20 @@ def wait_for(job_id: str, profile: ClusterProfile, log: Optional[Path] = None, p
     if info.get("Reason") and info.get("Reason") not in ("None", "(null)") and out.cancelled_by_us != "pending":
         out.reason = info["Reason"]
     out.nodes = info.get("NodeList", out.nodes) if info.get("NodeList") not in (None, "(null)") else out.nodes
+    if out.state == "NODE_FAIL" and out.nodes:
+        out.failed_nodes = node_reasons(out.nodes)
     return out
+
+
+def node_reasons(nodelist: str) -> list[str]:
+    """'node2: Not responding (down)' for each node of NODELIST that Slurm holds down, drained or failed."""
+    rc, out, _ = _run(["sinfo", "-R", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"])
+    rows = []
+    for line in out.splitlines() if rc == 0 else []:
+        node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        if node:
+            rows.append(f"{node}: {reason.strip() or 'no reason given'} ({state.strip()})")
+    return sorted(set(rows))
 
 
 # --- reading the log back --------------------------------------------------------
@@ -581,6 +622,9 @@ def job_results(job: JobSpec, outcome: JobOutcome, log_text: str) -> list[StepRe
     else:
         why = {"deadline": f"; cancelled by envport after {outcome.running_s:.0f}s running",
                "interrupt": "; cancelled by envport (interrupted)"}.get(outcome.cancelled_by_us, "")
+        if outcome.state == "NODE_FAIL":
+            down = ", ".join(outcome.failed_nodes) or "see `sinfo -R`"
+            why += f"; a node of the job failed (Reason={outcome.reason or '?'}; {down})"
         results.append(StepResult(job_step, Verdict.FAILED, f"{what}{where}{why}; log {job.log_path}",
                                   lines=log_tail(log_text) or ["(the log is empty)"], seconds=secs))
     return results
@@ -639,7 +683,8 @@ def run_job(job: JobSpec, text: str, progress: Progress = quiet, poll_s: float =
     outcome = wait_for(job_id, job.profile, job.log_path, progress, poll_s=poll_s)
     facts.update({"state": outcome.state, "slurm_exit_code": outcome.exit_code, "slurm_reason": outcome.reason,
                   "nodes": outcome.nodes, "pending_s": round(outcome.pending_s, 3),
-                  "running_s": round(outcome.running_s, 3), "state_from": outcome.source})
+                  "running_s": round(outcome.running_s, 3), "state_from": outcome.source,
+                  **({"failed_nodes": outcome.failed_nodes} if outcome.failed_nodes else {})})
     if outcome.cancelled_by_us == "pending":
         shutil.rmtree(job.witness_dir, ignore_errors=True)
         return [refused_pending(job, outcome)], facts

@@ -5,7 +5,9 @@ just the rank its environment names.  A small per-task bash wrapper maps
 Slurm's identity to torch's, enroot-style:
 
     SLURM_PROCID -> RANK, SLURM_LOCALID -> LOCAL_RANK, SLURM_NTASKS -> WORLD_SIZE,
-    MASTER_ADDR  = first host of `scontrol show hostnames $SLURM_STEP_NODELIST`
+    SLURM_NODEID -> NODE_RANK,
+    MASTER_ADDR  = first host of `scontrol show hostnames $SLURM_STEP_NODELIST`, its
+                   NodeAddr where the name does not resolve
                    (unless the batch script already exported it),
     MASTER_PORT  = one free port per job, chosen once before the tasks start
                    (by the batch script, or here for a direct srun).
@@ -35,10 +37,24 @@ from envport.witness.launchers.base import Invocation, Launcher
 from envport.witness.scripts.envport_sentinel import free_port
 from envport.witness.launchers.docker import DockerLauncher
 
+# master_addr NODELIST: the first host of the allocation, as an address the ranks can reach: its
+# name where the name resolves, else the node's NodeAddr from slurm.conf (`scontrol show node`):
+# nodes named node1, node2 with only addresses in slurm.conf (the netns cluster of the tests).
+MASTER_ADDR_FN = [
+    "master_addr() {",
+    '  local first addr',
+    '  first=$(scontrol show hostnames "$1" | head -n 1)',
+    '  if getent hosts "$first" >/dev/null 2>&1; then echo "$first"; return 0; fi',
+    '  addr=$(scontrol show node "$first" 2>/dev/null | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\' | head -n 1)',
+    '  echo "${addr:-$first}"',
+    "}",
+]
+
 RANK_MAP = [
-    'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"',
+    'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" NODE_RANK="$SLURM_NODEID"',
     'if [ -z "${MASTER_ADDR:-}" ]; then',
-    '  MASTER_ADDR=$(scontrol show hostnames "${SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}" | head -n 1)',
+    *("  " + line for line in MASTER_ADDR_FN),
+    '  MASTER_ADDR=$(master_addr "${SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}")',
     "  export MASTER_ADDR",
     "fi",
 ]
@@ -48,7 +64,7 @@ RANK_MAP = [
 DOCKER_TASK = [
     'name="$1-${SLURM_JOB_ID}-${SLURM_PROCID}"; docker=$2; shift 2',
     '"$docker" run --name "$name" --label "envport.slurm-job=${SLURM_JOB_ID}" '
-    '-e RANK -e LOCAL_RANK -e WORLD_SIZE -e MASTER_ADDR -e MASTER_PORT "$@" &',
+    '-e RANK -e LOCAL_RANK -e WORLD_SIZE -e NODE_RANK -e SLURMD_NODENAME -e MASTER_ADDR -e MASTER_PORT "$@" &',
     "pid=$!",
     "trap 'trap - TERM INT HUP; \"$docker\" rm -f \"$name\" >/dev/null 2>&1; wait \"$pid\"; exit 143' TERM INT HUP",
     'wait "$pid"',
@@ -139,7 +155,13 @@ class SrunLauncher(Launcher):
             opts.append("--kill-on-bad-exit=1")
         if self.needs_overcommit(ntasks):
             opts.append("--overcommit")
-        if not self.in_allocation:
+        if self.in_allocation:
+            # The batch script's steps run one after another, yet the next one may be asked for before
+            # Slurm has released the last one's CPUs: without --overlap srun then waits ("step creation
+            # temporarily disabled") for a wake-up that slurmctld sends to srun's host name; where that
+            # name does not reach srun (nodes in network namespaces) the wait was 2 minutes, measured.
+            opts.append("--overlap")
+        else:
             opts += [f"--job-name={self.job_name}"] + self.job_options
         return opts
 
