@@ -51,6 +51,46 @@ def assert_across_nodes(out: dict, err: str, master: str) -> None:
     assert f"master {master}:" in log, log[:2000]
 
 
+def test_the_multi_profile_script_spreads_the_ranks_and_finds_the_master(session_project):
+    """--dry-run, no cluster needed: the layout directives, the profile's slurm.conf and task env, MASTER_ADDR."""
+    root = session_project
+    for target, master in (("venv", 'MASTER_ADDR=$(master_addr "$SLURM_JOB_NODELIST")'),
+                           ("docker", "MASTER_ADDR=10.77.0.1")):
+        proc = run_envport("slurm", "submit", ENV_NAME, "--cluster", "multi", "--target", target, *LAYOUT,
+                           "--check", "collectives,dtensor", "--dry-run", root=root, env=cli_env(), timeout=300)
+        assert proc.returncode == 0, fail_with(proc, f"dry-run {target}")
+        script = proc.stdout
+        for line in ("#SBATCH --ntasks=4", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
+                     "export SLURM_CONF=/etc/slurm-multi/slurm.conf", master, "NODE_RANK=\"$SLURM_NODEID\"",
+                     "GLOO_SOCKET_IFNAME=envport0"):
+            assert line in script, (target, line)
+        assert script.count("srun --ntasks=4 ") == 1  # collectives and dtensor share one world-4 step
+        check = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+
+
+def test_a_witness_wider_than_the_layout_is_a_usage_error(session_project):
+    root = session_project
+    proc = run_envport("slurm", "submit", ENV_NAME, "--cluster", "multi", "--target", "venv", "--nodes", "1",
+                       "--ntasks-per-node", "2", "--check", "dtensor", "--dry-run", root=root, env=cli_env(),
+                       timeout=300)
+    assert proc.returncode == 2, fail_with(proc, "a 2x2 mesh on 1x2 tasks")
+    assert "needs 4 ranks; --nodes 1 --ntasks-per-node 2 give 2" in proc.stderr
+
+
+def test_each_node_is_its_own_network_namespace(slurm_multi):
+    """One task a node: each sees its own network namespace and only its own address on envport0."""
+    proc = subprocess.run(["srun", "--nodes=2", "--ntasks-per-node=1", "bash", "-c",
+                           'echo "$SLURMD_NODENAME $(readlink /proc/self/ns/net) '
+                           '$(ip -4 -o addr show dev envport0 | awk \'{print $4}\')"'],
+                          capture_output=True, text=True, timeout=120, env=slurm_multi.env())
+    assert proc.returncode == 0, proc.stderr
+    rows = {ln.split()[0]: ln.split()[1:] for ln in proc.stdout.splitlines()}
+    assert rows["node1"][1] == "10.77.0.11/24" and rows["node2"][1] == "10.77.0.12/24", rows
+    here = os.readlink("/proc/self/ns/net")
+    assert len({rows["node1"][0], rows["node2"][0], here}) == 3, (rows, here)
+
+
 @pytest.mark.slow
 def test_collectives_and_dtensor_across_two_nodes_with_the_venv(slurm_multi, local_venv):
     code, out, err = submit(slurm_multi, local_venv.root, "--target", "venv",

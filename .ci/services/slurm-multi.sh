@@ -114,6 +114,14 @@ for n in $(node_names); do
         || ip netns exec "$ns" ip addr add "$net.1$i/24" dev "$bridge"
     ip netns exec "$ns" ip link set "$bridge" up
 done
+# dockerd sets iptables' FORWARD policy to DROP and, with br_netfilter, bridged
+# frames pass that chain too: node-to-node traffic over our bridge would be
+# dropped on a stock docker host. Accept it (checked first: idempotent).
+if command -v iptables >/dev/null 2>&1 && iptables -S FORWARD >/dev/null 2>&1; then
+    iptables -C FORWARD -i "$bridge" -o "$bridge" -j ACCEPT 2>/dev/null \
+        || iptables -I FORWARD -i "$bridge" -o "$bridge" -j ACCEPT
+fi
+
 # --- slurm.conf ----------------------------------------------------------------
 mkdir -p "$state_dir"/{state,log} "$(dirname "$conf")"
 for n in $(node_names); do mkdir -p "$state_dir/$n/spool"; done
