@@ -57,6 +57,24 @@ def test_sif_without_a_package_fails_exactly_that_check(tiny_sif: BuiltSif, jq_s
     assert {c["id"]: c["outcome"] for c in checks}["label[envport.hash]"] == "skipped"
 
 
+def test_sif_contradicting_an_edited_pin_fails_exactly_that_check(tiny_sif: BuiltSif, tmp_path: Path):
+    # tiny-sif was built with six==1.16.0; its spec is then edited to pin six==1.15.0 (in a copy of the
+    # project: the session's spec stays as built) and the same SIF verified against it.
+    from .support import copy_project, write_site, write_spec
+
+    root = copy_project(tmp_path / "edited")
+    write_site(root, "sif-fast", apptainer={"compression": "lz4"})
+    write_spec(root, "tiny-sif", pip_phases=[["six==1.15.0"]])
+    proc = run_envport("verify", "tiny-sif", "--target", "apptainer", "--site", "sif-fast", "--sif",
+                       str(tiny_sif.path), "--json", "--junit", str(tmp_path / "verify.xml"), root=root,
+                       env=sif_env(), timeout=600)
+    assert proc.returncode == 1, fail_with(proc, "verify tiny-sif (six pinned 1.15.0) --sif the 1.16.0 SIF")
+    checks = as_json(proc)["steps"][0]["data"]["checks"]
+    failed = [c for c in checks if c["outcome"] == "failed"]
+    assert [c["id"] for c in failed] == ["pip[six==1.15.0]"], checks
+    assert "six 1.16.0 is installed" in failed[0]["message"] and "==1.15.0" in failed[0]["message"], failed[0]
+
+
 def test_missing_sif_is_refused_with_the_build_command(sif_project: Path):
     from .support import write_spec
 

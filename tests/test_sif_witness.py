@@ -1,12 +1,22 @@
 """`envport witness NAME --target apptainer` and `envport slurm submit --target apptainer`: the witness
 scripts inside a real SIF (ch-run on the squashfuse-mounted SIF here; apptainer exec where installed),
-and nothing mounted afterwards, whether the run passed, failed or timed out.
+and nothing mounted afterwards, whether the run passed, failed, timed out, was signalled (SIGTERM,
+SIGKILL) or its Slurm job was cancelled. A witness run mounts the SIF once for all its calls; the
+weights and the witness folder are read-only inside it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from .sif_fixtures import BuiltSif, sif_env
 from .support import ENV_NAME, as_json, fail_with, run_envport
@@ -81,3 +91,178 @@ def test_missing_sif_is_refused(sif_project: Path):
                        env=sif_env(), timeout=120)
     assert proc.returncode == 3, fail_with(proc, "witness without a SIF")
     assert "sif_missing" in proc.stdout and "envport build tiny-nosif --target apptainer" in proc.stdout
+
+
+def _wait_for(what: str, cond, proc: subprocess.Popen | None = None, timeout: float = 180):
+    """Poll COND (bounded) until it returns something truthy; never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not (got := cond()):
+        assert proc is None or proc.poll() is None, f"the process ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f}s"
+        time.sleep(0.2)
+    return got
+
+
+# Reads each folder, then tries to write into it.
+WRITE_PY = """import os, sys
+for d in sys.argv[1:]:
+    if d.startswith("/weights"):
+        print("read", d, open(d + "/tiny.f32", "rb").read(4).hex())
+    else:
+        print("read", d, len(os.listdir(d)))
+    try:
+        with open(d + "/envport-wrote", "w") as fh:
+            fh.write("x")
+        print("WROTE", d)
+    except OSError as exc:
+        print("refused", d, exc.errno, exc.strerror)
+"""
+
+
+def _stall_scripts(tmp_path: Path) -> Path:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "stall.py").write_text("import time\nprint('stalling', flush=True)\ntime.sleep(600)\n")
+    (scripts / "where.py").write_text(
+        "import os\nprint('root-dev', os.stat('/opt').st_dev, flush=True)\n")
+    (scripts / "write.py").write_text(WRITE_PY)
+    return scripts
+
+
+def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_path: Path):
+    from envport.witness.launchers.sif import SifLauncher
+
+    launcher = SifLauncher(tiny_sif.path, witness_dir=_stall_scripts(tmp_path))
+    assert launcher.preflight() is None
+    before = (_sif_mounts(), _left_dirs())
+    with launcher.session():
+        held = [m for m in _sif_mounts() if m not in before[0]]
+        assert len(held) == 1 and held[0].startswith(f"/tmp/{launcher.prefix}-"), held
+        inv = launcher.invocation("where.py", [], {})
+        assert held[0] in inv.argv and "squashfuse" not in " ".join(inv.argv), inv.argv
+        devs = []
+        for _ in range(2):
+            res = launcher.run("where.py", [], {}, deadline_s=60)
+            assert res.returncode == 0, res.output
+            devs += re.findall(r"root-dev (\d+)", res.output)
+        assert len(devs) == 2 and devs[0] == devs[1], "two calls of one run saw different mounts"
+        assert [m for m in _sif_mounts() if m not in before[0]] == held, "a call mounted the SIF again"
+        # A timed-out call inside the run is stopped; the run's mount stays until the run ends.
+        stalled = launcher.run("stall.py", [], {}, deadline_s=10)
+        assert stalled.timed_out and "stalling" in stalled.output, stalled.output
+        assert [m for m in _sif_mounts() if m not in before[0]] == held
+    assert (_sif_mounts(), _left_dirs()) == before, "the run's mount (or its directory) was left behind"
+
+
+def test_an_error_inside_the_run_still_unmounts(tiny_sif: BuiltSif, tmp_path: Path):
+    from envport.witness.launchers.sif import SifLauncher
+
+    launcher = SifLauncher(tiny_sif.path, witness_dir=_stall_scripts(tmp_path))
+    before = (_sif_mounts(), _left_dirs())
+    with pytest.raises(RuntimeError, match="boom"):
+        with launcher.session():
+            assert len(_sif_mounts()) == len(before[0]) + 1
+            raise RuntimeError("boom")
+    assert (_sif_mounts(), _left_dirs()) == before
+
+
+def test_weights_and_witness_folder_are_read_only_inside_the_sif(demo_sif: BuiltSif, tmp_path: Path):
+    from envport.witness.launchers.sif import SifLauncher
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "tiny.f32").write_bytes(b"\x01\x02\x03\x04")
+    scripts = _stall_scripts(tmp_path)
+    launcher = SifLauncher(demo_sif.path, witness_dir=scripts, mounts=[(str(weights), "/weights/tiny")])
+    assert launcher.preflight() is None
+    # Within a run (one mount) and as a self-contained call (srun's wrapper): both bind read-only.
+    with launcher.session():
+        in_run = launcher.run("write.py", ["/weights/tiny", "/mnt"], {}, deadline_s=120)
+    alone = launcher.run("write.py", ["/weights/tiny", "/mnt"], {}, deadline_s=120)
+    for res in (in_run, alone):
+        assert res.returncode == 0, res.output
+        assert "read /weights/tiny 01020304" in res.output, res.output
+        assert "WROTE" not in res.output, res.output
+        assert "refused /weights/tiny 30 Read-only file system" in res.output, res.output  # EROFS
+        assert "refused /mnt 30 Read-only file system" in res.output, res.output
+    assert sorted(p.name for p in weights.iterdir()) == ["tiny.f32"]
+    assert not (scripts / "envport-wrote").exists()
+
+
+def _mount_holder(sif: Path) -> subprocess.Popen:
+    code = ("import sys, time\n"
+            "from pathlib import Path\n"
+            "from envport.engines.sif_run import mounted\n"
+            "with mounted(Path(sys.argv[1]), prefix='envport-sif-killed-', parent='/tmp') as m:\n"
+            "    print(m, flush=True)\n"
+            "    time.sleep(600)\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(sif)], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif):
+    before = (_sif_mounts(), _left_dirs())
+    proc = _mount_holder(tiny_sif.path)
+    try:
+        mnt = proc.stdout.readline().strip()
+        assert mnt.startswith("/tmp/envport-sif-killed-") and mnt in _sif_mounts(), mnt
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The holder dies with its parent and stops squashfuse, which unmounts; then it removes the directory.
+    _wait_for("unmount after SIGKILL", lambda: (_sif_mounts(), _left_dirs()) == before, timeout=30)
+
+
+def test_sigterm_to_envport_witness_unmounts(demo_sif: BuiltSif):
+    before = (_sif_mounts(), _left_dirs())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envport", "-C", str(demo_sif.root), "witness", ENV_NAME, "--target", "apptainer",
+         "--only", "collectives", "--no-ledger"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=sif_env(ENVPORT_WITNESS_FAULT="hang:1"))
+    try:
+        _wait_for("SIF mount", lambda: len(_sif_mounts()) > len(before[0]), proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:])
+    assert (_sif_mounts(), _left_dirs()) == before, "SIGTERM left the SIF mounted"
+
+
+def test_a_failing_slurm_job_leaves_no_mount(demo_sif: BuiltSif, slurm):
+    before = (_sif_mounts(), _left_dirs())
+    proc = run_envport("slurm", "submit", ENV_NAME, "--cluster", "local", "--target", "apptainer", "--check",
+                       "collectives", "--deadline", "20", "--json", "--no-ledger", root=demo_sif.root,
+                       env=sif_env(ENVPORT_WITNESS_FAULT="crash:1"), timeout=600)
+    assert proc.returncode == 1, fail_with(proc, "slurm submit with rank 1 crashing")
+    assert (_sif_mounts(), _left_dirs()) == before, "a failed Slurm job left its SIF mounted"
+
+
+BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
+
+
+def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
+    before = (_sif_mounts(), _left_dirs())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envport", "-C", str(demo_sif.root), "slurm", "submit", ENV_NAME, "--cluster",
+         "local", "--target", "apptainer", "--check", "collectives", "--json", "--no-ledger"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=sif_env(ENVPORT_WITNESS_FAULT="hang:1"))  # rank 1 hangs: the witness stays in the middle
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        # Both ranks' tasks have mounted the SIF and the job's log says the dist witness began.
+        job = _wait_for("running job with both ranks mounted", lambda: len(_sif_mounts()) >= len(before[0]) + 2 and next(
+            (m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err))) if m), ""), proc)
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=30)
+    out = json.loads(stdout)
+    assert proc.returncode == 1 and out["state"] == "CANCELLED", (out, "".join(err))
+    _wait_for("no mount of the cancelled job", lambda: (_sif_mounts(), _left_dirs()) == before, timeout=60)

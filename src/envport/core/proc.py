@@ -7,9 +7,12 @@ told apart from "failed", and the output kept for the verdict's tail.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
+import threading
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,25 @@ def run(argv: Sequence[str], *, timeout: float = 30, stdin: Optional[str] = None
     except subprocess.TimeoutExpired:
         return Ran(None, why=f"{argv[0]} did not answer within {timeout:.0f}s")
     return Ran(p.returncode, p.stdout, p.stderr)
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised as an interrupt by `sigterm_interrupts`."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Turn SIGTERM into an interrupt meanwhile, so `finally` blocks (a container's removal, an unmount) run;
+    the CLI reports it as interrupted (exit 130). A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

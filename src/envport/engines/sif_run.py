@@ -1,28 +1,45 @@
 """Run commands inside a SIF: `apptainer exec` where apptainer is installed, else Charliecloud's
 `ch-run` on the SIF's squashfs partition mounted with squashfuse (RECIPES.md, measured).
 
-- mount: `squashfuse -o offset=N FILE MNT` (N: the primary partition's offset;
-  what apptainer's own unprivileged mount does), unmounted with `fusermount -u`;
+- mount: `squashfuse_ll -f -o offset=N,auto_unmount FILE MNT` (N: the primary
+  partition's offset; what apptainer's own unprivileged mount does;
+  squashfuse_ll, the low-level one from the same Debian package, where it is
+  installed, else squashfuse), held by a small bash process for as long as
+  the caller needs it (`mounted`): one mount serves a whole verify session or
+  witness run, so what one command read (libtorch) stays in the page cache
+  for the next. Unmounted with `fusermount -u`; the holder then removes the
+  directory. A SIGKILLed envport still leaves nothing: the holder dies with
+  its parent (PR_SET_PDEATHSIG) and stops squashfuse, which unmounts, and
+  `auto_unmount` (fusermount3 watching the FUSE connection) unmounts even a
+  SIGKILLed squashfuse;
 - exec: `ch-run --unset-env='*' --set-env=... [-b SRC:DST] MNT --
   /.singularity.d/actions/exec CMD...`: the image's env scripts are sourced in
   name order by the SIF's own exec action, as apptainer's do; the host
   environment does not leak in (apptainer's --cleanenv); ch-run needs USER
   set (CI has none) and can only bind onto directories the read-only image
   has, so extra folders go to WITNESS_MOUNT (/mnt) and weight mount points;
+  ch-run's binds are always writable, so with binds ch-run runs under
+  `bwrap --dev-bind / / --ro-bind SRC SRC`: a bind of a read-only mount is
+  read-only (and stays so in ch-run's user namespace), as `--bind SRC:DST:ro`
+  is for apptainer;
 - apptainer: `apptainer exec --cleanenv [--nv] --bind SRC:DST[:ro] FILE CMD...`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
+from envport.core.errors import ReasonError
 from envport.engines.sif import primary_partition, read_sif
 
 WITNESS_MOUNT = "/mnt"
@@ -30,7 +47,24 @@ EXEC_ACTION = "/.singularity.d/actions/exec"
 MOUNT_PREFIX = "envport-sif-"
 # What apptainer --cleanenv keeps from the host.
 KEEP_ENV = ("TERM", "LANG")
-DEBIAN_PACKAGES = {"ch-run": "charliecloud-runtime", "squashfuse": "squashfuse", "fusermount": "fuse3"}
+DEBIAN_PACKAGES = {"ch-run": "charliecloud-runtime", "squashfuse": "squashfuse", "fusermount": "fuse3",
+                   "bwrap": "bubblewrap"}
+# The low-level squashfuse first (same Debian package, faster: bench/bench_sif.py).
+SQUASHFUSE = ("squashfuse_ll", "squashfuse")
+MOUNT_TIMEOUT_S = 30.0
+
+# Holds one mount: $1 squashfuse, $2 its -o options, $3 the SIF, $4 the mount point. Runs squashfuse
+# in the foreground; a TERM/INT/HUP (or its parent's death: PR_SET_PDEATHSIG) stops squashfuse, which
+# unmounts; once squashfuse is gone (unmounted by the caller, signalled or killed: auto_unmount) the
+# mount point is removed.
+HOLDER = r"""set -u
+"$1" -f -o "$2" "$3" "$4" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' TERM INT HUP
+while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
+n=0
+until rmdir "$4" 2>/dev/null || [ ! -d "$4" ]; do n=$((n+1)); [ "$n" -lt 200 ] || exit 1; sleep 0.05; done
+"""
 
 
 def apptainer() -> Optional[str]:
@@ -55,18 +89,34 @@ def partition_offset(sif: Path) -> int:
     return primary_partition(read_sif(sif)).offset
 
 
-def mount(sif: Path, mountpoint: Path, timeout: float = 30) -> None:
-    """Mount SIF's primary partition read-only at MOUNTPOINT (raises RuntimeError with the tool's message)."""
-    offset = partition_offset(sif)
-    proc = subprocess.run(["squashfuse", "-o", f"offset={offset}", str(sif), str(mountpoint)],
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"squashfuse of {sif} at {mountpoint} failed: {(proc.stderr or proc.stdout).strip()}")
-    deadline = time.monotonic() + timeout
-    while not os.path.ismount(mountpoint):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"squashfuse returned but {mountpoint} is not mounted after {timeout:.0f}s")
-        time.sleep(0.05)
+def squashfuse() -> str:
+    """squashfuse_ll where it is installed, else squashfuse."""
+    return next((t for t in SQUASHFUSE if shutil.which(t)), SQUASHFUSE[-1])
+
+
+class MountError(ReasonError):
+    """The SIF could not be mounted (reason `sif_mount_failed`); the message has squashfuse's words."""
+
+    def __init__(self, message: str):
+        super().__init__("sif_mount_failed", message)
+
+
+def is_mounted(path: Path) -> bool:
+    """PATH is a mount point in this mount namespace (also a FUSE mount whose server died, unlike ismount)."""
+    target = str(Path(path).absolute())
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            # The kernel writes space, tab, newline and backslash as octal escapes (\040 for a space).
+            if re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) == target:
+                return True
+    return False
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def unmount(mountpoint: Path) -> None:
@@ -76,27 +126,64 @@ def unmount(mountpoint: Path) -> None:
             continue
         if subprocess.run(argv, capture_output=True, timeout=60).returncode == 0:
             return
-    if os.path.ismount(mountpoint):
+    if is_mounted(mountpoint):
         subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=60)
 
 
 @contextlib.contextmanager
-def mounted(sif: Path) -> Iterator[Path]:
-    """SIF mounted at a fresh directory for the duration; unmounted and removed afterwards."""
-    mnt = Path(tempfile.mkdtemp(prefix=MOUNT_PREFIX))
+def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None) -> Iterator[Path]:
+    """SIF's primary partition mounted read-only at a fresh directory (PREFIX + random, in PARENT or the
+    temp dir) for the duration; unmounted and removed afterwards, whatever happened (MountError when the
+    mount fails)."""
+    sif = Path(sif).absolute()
+    offset = partition_offset(sif)
+    mnt = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    err = tempfile.TemporaryFile()
+    holder = subprocess.Popen(["bash", "-c", HOLDER, "envport-sif-mount", squashfuse(),
+                               f"offset={offset},auto_unmount", str(sif), str(mnt)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                              start_new_session=True, preexec_fn=_die_with_parent)
     try:
-        mount(sif, mnt)
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not is_mounted(mnt):
+            if holder.poll() is not None or time.monotonic() > deadline:
+                err.seek(0)
+                said = err.read().decode(errors="replace").strip()
+                raise MountError(f"{squashfuse()} of {sif} at {mnt} failed"
+                                 + (f": {said}" if said else f" (not mounted after {MOUNT_TIMEOUT_S:.0f}s)"))
+            time.sleep(0.02)
         yield mnt
     finally:
-        if os.path.ismount(mnt):
-            unmount(mnt)
-        with contextlib.suppress(OSError):
-            mnt.rmdir()
+        _release(mnt, holder)
+        err.close()
+
+
+def _release(mnt: Path, holder: subprocess.Popen) -> None:
+    """Unmount MNT, let its holder remove the directory; a holder that does not end is stopped."""
+    if is_mounted(mnt):
+        unmount(mnt)
+    try:
+        holder.wait(timeout=MOUNT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        holder.terminate()
+        try:
+            holder.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+    if is_mounted(mnt):
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+    with contextlib.suppress(OSError):
+        mnt.rmdir()
 
 
 def ch_run_argv(mnt: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
                 binds: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """ch-run on a mounted SIF: a clean environment, the image's env scripts, then ARGV."""
+    """ch-run on a mounted SIF: a clean environment, the image's env scripts, then ARGV.
+
+    BINDS (host folder, path in the image) are read-only: ch-run runs under bwrap, which makes each
+    host folder a read-only mount first (ch-run's own binds are writable).
+    """
     out = ["ch-run", "--unset-env=*", "--set-env=HOME=/root"]
     for key in KEEP_ENV:
         if os.environ.get(key):
@@ -105,7 +192,13 @@ def ch_run_argv(mnt: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
         out.append(f"--set-env={key}={value}")
     for src, dst in binds:
         out.append(f"--bind={src}:{dst}")
-    return out + [mnt, "--", EXEC_ACTION, *argv]
+    out += [mnt, "--", EXEC_ACTION, *argv]
+    if not binds:
+        return out
+    ro = ["bwrap", "--dev-bind", "/", "/"]
+    for src in dict.fromkeys(src for src, _ in binds):
+        ro += ["--ro-bind", src, src]
+    return ro + ["--", *out]
 
 
 def apptainer_argv(sif: str, argv: Sequence[str], *, env: Mapping[str, str] = (),

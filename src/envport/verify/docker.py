@@ -13,9 +13,7 @@ import contextlib
 import io
 import os
 import secrets
-import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -25,6 +23,7 @@ from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.plan.steps import CONTAINER_VENV
 from envport.plan.site import Site
+from envport.core.proc import sigterm_interrupts
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.verify.checks import Facts, spec_checks
@@ -40,27 +39,6 @@ VERIFY_LABEL = "envport.verify"
 
 def default_junit(root: Path, name: str) -> Path:
     return root / REPORTS / f"verify-{name}.xml"
-
-
-class _Terminated(KeyboardInterrupt):
-    pass
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks (container removal) run."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _pytest_args(root: Path, spec_path: Path, container: str, junit: Path, workdir: Path) -> list[str]:
@@ -119,7 +97,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
                           on_result=say)
     out = io.StringIO()
     container = None
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         try:
             progress(f"envport: [verify] starting {name} from {ref} (network {site.network})")
             # The weights as every run sees them: this host's folders, read-only at the spec's paths.

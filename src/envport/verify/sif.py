@@ -24,6 +24,7 @@ from testinfra.backend import BACKENDS, base
 
 from envport.build import weights
 from envport.build.apptainer.builder import sif_path
+from envport.core.proc import sigterm_interrupts
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.engines import sif_run
@@ -33,7 +34,7 @@ from envport.plan.steps import CONTAINER_VENV
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.verify.checks import Facts, spec_checks
-from envport.verify.docker import _pytest_args, _sigterm_interrupts, default_junit
+from envport.verify.docker import _pytest_args, default_junit
 from envport.verify.plugin import VerifyPlugin
 from envport.verify.report import outcome, progress_line, shown_path
 
@@ -102,7 +103,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
                                                    foreign_hash_ok=sif is not None),
                           on_result=progress_line(progress))
     out = io.StringIO()
-    with _sigterm_interrupts(), contextlib.ExitStack() as stack:
+    with sigterm_interrupts(), contextlib.ExitStack() as stack:
         mnt = "" if kind == "apptainer" else str(stack.enter_context(sif_run.mounted(path)))
         # The weights as every run sees them: this host's folders at the spec's paths (mount points
         # the image has: %post made them).

@@ -18,11 +18,13 @@ A spec that needs a GPU on a host without one is REFUSED with reason
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from envport.core.errors import ReasonError
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict, exit_code
 from envport.engines.gpu import GpuCensus
 from envport.spec.model import Spec
@@ -265,6 +267,18 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
     if problem is not None:
         add([problem])
         return results
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(launcher.session())
+        except ReasonError as exc:
+            add([StepResult("launcher", Verdict.FAILED, exc.message, reason=exc.reason)])
+            return results
+        _run_planned(spec, launcher, opts, add)
+    return results
+
+
+def _run_planned(spec: Spec, launcher, opts: WitnessOptions, add: Callable[[list[StepResult]], None]) -> None:
+    """The census, then every planned call, each call's results handed to `add` as they are known."""
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     if opts.fault:
         env[FAULT_ENV] = opts.fault
@@ -279,13 +293,13 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
                         reason=NO_ACCELERATOR_REASON,
                         lines=[f"torch: {w}" for w in words]
                         + ["fix: run on a GPU node; `envport doctor` shows the Slurm route"])])
-        return results
+        return
     if census is not None and (census.count > 0 or census.note):
         add([_census_result(census, words)])
     planned = plan_witnesses(spec, opts, census)
     if not planned.calls:
         add([StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --only left none)")])
-        return results
+        return
     for call in planned.calls:
         if opts.on_start:
             opts.on_start(call)
@@ -295,7 +309,6 @@ def run_witnesses(spec: Spec, launcher, opts: Optional[WitnessOptions] = None) -
         launched = launcher.run(call.script, args, env, call.deadline_s + LAUNCH_MARGIN_S, opts.on_line)
         add(call_results(spec, call, launched))
     add(planned.skipped)
-    return results
 
 
 def call_results(spec: Spec, call: WitnessCall, launched) -> list[StepResult]:

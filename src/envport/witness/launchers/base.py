@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, ContextManager, Mapping, Optional, Sequence
 
 from envport.core.verdict import StepResult
 
@@ -70,6 +71,12 @@ class Launcher(ABC):
 
     def describe(self) -> str:
         return self.name
+
+    def session(self) -> ContextManager[None]:
+        """Held around a whole witness run (`run_witnesses`): what a launcher sets up once for all its
+        calls (the SIF's one mount), torn down on the way out, whatever happened. Raises
+        core.errors.ReasonError when that cannot be set up."""
+        return contextlib.nullcontext()
 
     def run(self, script: str, args: Sequence[str], env: Mapping[str, str], deadline_s: float,
             on_line: Optional[Callable[[str], None]] = None) -> LaunchResult:

@@ -1,30 +1,42 @@
 """Run witnesses inside a SIF: `apptainer exec --cleanenv [--nv] --bind ...` where apptainer is
 installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engines/sif_run.py).
 
-Every call goes through one small bash wrapper, so a call is self-contained
-on whichever node runs it (srun starts one per rank):
-
-- ch-run: mount the SIF at a fresh `/tmp/envport-sif-<run>-XXXXXX` (a
-  directory per call: two ranks on one node never share a mount), run, and
-  unmount on the way out, also on SIGTERM/SIGINT/SIGHUP (a timeout, Ctrl-C,
-  scancel). A SIGKILL skips the trap: the Invocation's cleanup then unmounts
-  every mount of this run by its name.
+- a witness run on this host (`envport witness`: `run_witnesses` holds the
+  launcher's `session()`): the SIF is mounted ONCE, at
+  `/tmp/envport-sif-<run>-XXXXXX`, and every call runs `ch-run` on that mount,
+  so torch's libraries are read through FUSE and decompressed once per run,
+  not once per call (bench/bench_sif.py: 2.13x docker's time with a mount per
+  call). Unmounted and removed at the end, also on an error, Ctrl-C or SIGTERM
+  (turned into an interrupt while the mount is held); a SIGKILLed envport
+  leaves nothing either (engines/sif_run.py `mounted`: the holder dies with
+  it, auto_unmount).
+- outside a session (srun: one task per rank, on whichever node runs it) each
+  call goes through one small bash wrapper and is self-contained: mount the
+  SIF at a fresh `/tmp/envport-sif-<run>-XXXXXX` (a directory per call: two
+  ranks on one node never share a mount), run, and unmount on the way out,
+  also on SIGTERM/SIGINT/SIGHUP (a timeout, Ctrl-C, scancel); squashfuse runs
+  with auto_unmount, so a squashfuse killed outright is unmounted too, and
+  the Invocation's cleanup (and the batch script's EXIT trap) unmounts every
+  mount of this run by its name.
 - both: the variables a launcher sets per rank (RANK, LOCAL_RANK, WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT; srun's wrapper exports them) are passed into the
   clean environment (`--set-env` for ch-run, `APPTAINERENV_*` for apptainer).
 
 The witness folder is bound read-only at /mnt (ch-run can only bind onto a
-directory the read-only image has), the weights at the spec's paths.
+directory the read-only image has), the weights read-only at the spec's paths
+(ch-run under bwrap: sif_run.ch_run_argv).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 import uuid
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
+from envport.core.proc import sigterm_interrupts
 from envport.core.verdict import StepResult, Verdict
 from envport.engines import sif_run
 from envport.engines.sif import SifError, primary_partition, read_sif
@@ -48,7 +60,8 @@ mnt=$(mktemp -d "/tmp/$prefix-XXXXXX") || exit 3
 cleanup() { fusermount -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null; rmdir "$mnt" 2>/dev/null; }
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
-squashfuse -o "offset=$offset" "$sif" "$mnt" || { echo "envport-sif: squashfuse of $sif failed on $(hostname)" >&2; exit 3; }
+sq=$(command -v squashfuse_ll || command -v squashfuse) || { echo "envport-sif: no squashfuse on $(hostname)" >&2; exit 3; }
+"$sq" -o "offset=$offset,auto_unmount" "$sif" "$mnt" || { echo "envport-sif: $sq of $sif failed on $(hostname)" >&2; exit 3; }
 n=0
 until mountpoint -q "$mnt"; do n=$((n+1)); [ "$n" -lt 200 ] || exit 3; sleep 0.05; done
 # The mount point replaces its placeholder, the rank's variables go just before it (after --unset-env).
@@ -76,6 +89,7 @@ class SifLauncher(Launcher):
         self.missing_fix = missing_fix or "envport build NAME --target apptainer, or pass --sif FILE"
         self.prefix = f"{sif_run.MOUNT_PREFIX}{uuid.uuid4().hex[:10]}"
         self._offset: Optional[int] = None
+        self._mnt: Optional[str] = None  # the run's one mount, while session() holds it
 
     def witness_path(self, script: str) -> str:
         return f"{sif_run.WITNESS_MOUNT}/{script}"
@@ -88,8 +102,24 @@ class SifLauncher(Launcher):
             self._offset = primary_partition(read_sif(self.sif)).offset
         return self._offset
 
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """The SIF mounted once for the calls made meanwhile (ch-run only; raises sif_run.MountError)."""
+        if self.runtime == "apptainer" or self._mnt is not None:
+            yield
+            return
+        with sigterm_interrupts(), sif_run.mounted(self.sif, prefix=f"{self.prefix}-", parent="/tmp") as mnt:
+            self._mnt = str(mnt)
+            try:
+                yield
+            finally:
+                self._mnt = None
+
     def invocation(self, script: str, args: Sequence[str], env: Mapping[str, str]) -> Invocation:
         cmd = [self.python, self.witness_path(script), *args]
+        if self._mnt is not None:
+            return Invocation(sif_run.ch_run_argv(self._mnt, cmd, env=env, binds=self._binds()),
+                              env=sif_run.ch_run_env(), label=self._mnt)
         if self.runtime == "apptainer":
             inner = sif_run.apptainer_argv(str(self.sif), cmd, env=env, nv=self.gpus,
                                            binds=[(s, d, True) for s, d in self._binds()])
@@ -121,5 +151,6 @@ class SifLauncher(Launcher):
 
     def describe(self) -> str:
         how = "apptainer exec --cleanenv" + (" --nv" if self.gpus else "") if self.runtime == "apptainer" \
-            else "ch-run (squashfuse)"
+            else f"ch-run ({sif_run.squashfuse()})"
         return f"{how} {self.sif.name}"
+
