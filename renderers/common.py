@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from envport.plan import Plan, PipStep, step_marker
 from envport.plan.steps import CONTAINER_UV, UV_VERSION
 
@@ -59,4 +61,5 @@ def context(plan: Plan, hash_: str) -> dict:
         "uses_uv": any(isinstance(s, PipStep) and s.installer == "uv" for s in steps),
         "uv_version": UV_VERSION,
         "uv_path": CONTAINER_UV,
+        "tools_dir": posixpath.dirname(CONTAINER_UV),  # the context's tools/ (uv, seedpip.py), mounted
     }

@@ -23,6 +23,7 @@ from .common import context
 from .envcheck import plan_pins
 
 ENVCHECK_SOURCE = Path(__file__).with_name("envcheck.py")
+SEEDPIP_SOURCE = Path(__file__).with_name("seedpip.py")
 
 FLAVOURS = ("venv", "conda")
 
@@ -38,6 +39,7 @@ def render(plan, hash_: str) -> dict[str, str]:
     ctx["runtime_env"] = (list(steps["env"].vars) if "env" in steps else []) + ctx["own_env"]
     ctx["pins_json"] = json.dumps([list(p) for p in plan_pins(plan)], separators=(",", ":"))
     ctx["envcheck_py"] = ENVCHECK_SOURCE.read_text(encoding="utf-8").rstrip("\n")
+    ctx["seedpip_py"] = SEEDPIP_SOURCE.read_text(encoding="utf-8").rstrip("\n") if ctx["uses_uv"] else ""
     ctx["labels"] = list(steps["labels"].labels) if "labels" in steps else []
     files = steps["files"].files if "files" in steps else ()
     ctx["shim_b64"] = {f.dest: "\n".join(textwrap.wrap(base64.b64encode(f.data).decode(), 76)) for f in files}

@@ -78,7 +78,13 @@ def test_demo_venv_with_uv_freezes_to_the_lock(project, tmp_path):
     proc = run_envport("build", ENV_NAME, "--target", "venv", "--site", site, "--json", root=project,
                        env=cli_env(ENVPORT_ENVS_DIR=str(envs)), timeout=BUILD_TIMEOUT)
     assert proc.returncode == 0, fail_with(proc, "envport build --target venv --site uv-site")
-    assert _freeze(str(envs / ENV_NAME / "bin" / "python")) == _lock_freeze(project)
+    python = str(envs / ENV_NAME / "bin" / "python")
+    assert _freeze(python) == _lock_freeze(project)
+    # uv seeded the venv with ensurepip's own pip, the one `python -m venv` would have installed.
+    seeded = subprocess.run([python, "-c", "import ensurepip, pip; print(ensurepip.version(), pip.__version__)"],
+                            capture_output=True, text=True, timeout=120)
+    bundled, installed = seeded.stdout.split()
+    assert bundled == installed, seeded.stdout + seeded.stderr
     # uv itself stays out of the env: it lives beside the envs.
     assert not list((envs / ENV_NAME).glob("lib/python*/site-packages/uv"))
 

@@ -53,12 +53,16 @@ def ensure_uv(root: Path, progress: Progress) -> tuple[Path | None, StepResult |
 
 
 def stage_uv(context: Path, root: Path, progress: Progress) -> StepResult | None:
-    """Put the uv binary at context/tools/uv (a hard link when it can); None when done."""
+    """Put the uv binary at context/tools/uv (a hard link when it can) and beside it seedpip.py, which a
+    recipe runs to have uv seed its venv with ensurepip's own wheels; None when done."""
+    from envport.renderers.shell import SEEDPIP_SOURCE
+
     path, failed = ensure_uv(root, progress)
     if failed:
         return failed
     dest = context / UV_CONTEXT_NAME
     dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(SEEDPIP_SOURCE, dest.parent / SEEDPIP_SOURCE.name)
     try:
         os.link(path, dest)
     except OSError:

@@ -210,24 +210,23 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
     t0 = time.monotonic()
     work = docker_context.make_workdir(root, name)
     try:
-        context = work / "context"
-        context.mkdir()
-        docker_context.write_context(context, rendering, plan, wheelhouse,
-                                     docker_context.build_dir(root) / docker_context.PHASES_CACHE, progress)
-        if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
-            from envport.build.tools import stage_uv
+        with docker_context.env_context(root, name, work / "context") as context:
+            docker_context.write_context(context, rendering, plan, wheelhouse,
+                                         docker_context.build_dir(root) / docker_context.PHASES_CACHE, progress)
+            if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
+                from envport.build.tools import stage_uv
 
-            failed = stage_uv(context, root, progress)
-            if failed is not None:
-                return failed
-        how = f"BuildKit via {cli}" if cli else "legacy builder (docker SDK)"
-        progress(f"envport: [docker] building {tag} ({how}, network {site.network}"
-                 f"{', no cache' if no_cache else ''})")
-        if cli:
-            ok, image_id, log = _build_buildkit(cli, context, work / "iid", plan_ops, site, labels, no_cache,
-                                                progress)
-        else:
-            ok, image_id, log = _build_legacy(client, context, plan_all, site, labels, no_cache, progress)
+                failed = stage_uv(context, root, progress)
+                if failed is not None:
+                    return failed
+            how = f"BuildKit via {cli}" if cli else "legacy builder (docker SDK)"
+            progress(f"envport: [docker] building {tag} ({how}, network {site.network}"
+                     f"{', no cache' if no_cache else ''})")
+            if cli:
+                ok, image_id, log = _build_buildkit(cli, context, work / "iid", plan_ops, site, labels, no_cache,
+                                                    progress)
+            else:
+                ok, image_id, log = _build_legacy(client, context, plan_all, site, labels, no_cache, progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     seconds = time.monotonic() - t0

@@ -11,10 +11,19 @@ listing and the phase's arguments.
 
 Wheels are hard-linked into the context (a copy where the wheelhouse lives on
 another filesystem), so a 200 MB torch wheel costs nothing to stage.
+
+The context sits at one path per env (`.cache/docker-build/contexts/<name>`),
+kept between builds: the docker CLI keys what BuildKit already received of a
+context by the context's path, so a rebuild sends only the files that changed
+(the hard-linked wheels keep their mtimes) instead of the whole wheelhouse
+again (seconds for torch).  One build per env holds that path (a lock beside
+it); a concurrent build of the same env uses a fresh directory instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +44,7 @@ from envport.core.files import write_atomic
 InvalidFilename = (InvalidSdistFilename, InvalidWheelFilename)
 
 BUILD_DIR = Path(".cache") / "docker-build"
+CONTEXTS = "contexts"  # one kept build context per env, under BUILD_DIR
 PHASES_CACHE = "phase-wheels.json"
 # The host pip must see only the wheelhouse: no config file, no PIP_* variable
 # (this machine's PIP_FIND_LINKS would add its own wheel dir), no index.
@@ -72,6 +82,28 @@ def make_workdir(root: Path, name: str) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     remove_stale(root)
     return Path(tempfile.mkdtemp(prefix=f"{name}-{os.getpid()}-", dir=base))
+
+
+@contextlib.contextmanager
+def env_context(root: Path, name: str, fallback: Path):
+    """An empty directory to fill with NAME's build context: the env's kept path when no other build
+    of it holds that (see the module docstring), else FALLBACK (made here, removed by its owner)."""
+    base = build_dir(root) / CONTEXTS
+    base.mkdir(parents=True, exist_ok=True)
+    fd = os.open(base / f".{name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fallback.mkdir()
+            yield fallback
+            return
+        context = base / name
+        shutil.rmtree(context, ignore_errors=True)
+        context.mkdir()
+        yield context
+    finally:
+        os.close(fd)
 
 
 def _link(src: Path, dest: Path) -> None:
