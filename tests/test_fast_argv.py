@@ -161,3 +161,24 @@ def test_the_sif_shortcut_loads_neither_the_sif_module_nor_the_spec(present_sif)
     out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "0 []"
+
+
+@pytest.mark.parametrize("text", [
+    '{"Id": "sha256:ab", "Size": 1080000000, "Config": {"Labels": {"envport.hash": "f00"}}, "RepoTags": []}\n',
+    '  [1, -2.5e3, true, false, null, "\\u00e9\\n", {"a": [NaN, Infinity, -Infinity]}] ',
+    '"caf\u00e9"', "0", "{}",
+])
+def test_the_c_scanner_reads_json_as_json_loads_does(text):
+    from envport.core.cjson import loads
+
+    assert repr(loads(text.encode())) == repr(json.loads(text))  # repr: NaN == NaN
+
+
+@pytest.mark.parametrize("text", ["", "   ", '{"a": 1} x', '{"a": 1', "[1,]", "nul", b"\xff{}"])
+def test_the_c_scanner_refuses_what_json_loads_refuses(text):
+    from envport.core.cjson import loads
+
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        loads(text if isinstance(text, bytes) else text.encode())

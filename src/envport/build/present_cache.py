@@ -25,6 +25,7 @@ import os
 CACHE_DIR = os.path.join(".cache", "present")
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/envport: every layer
 CODE_SUFFIXES = (".py", ".j2", ".sh", ".json")
+RECORD_HEADER = "envport-present 2"
 
 
 def _hasher(data: bytes):
@@ -94,34 +95,32 @@ def inputs_digest(root: str, name: str, site_name: str | None, target: str) -> s
 
 
 def _cache_file(root: str, name: str, site_name: str | None, target: str) -> str:
-    return os.path.join(root, CACHE_DIR, f"{name}--{site_name or 'local'}--{target}.json")
+    return os.path.join(root, CACHE_DIR, f"{name}--{site_name or 'local'}--{target}")
 
 
 def remember(root, name: str, site_name: str | None, target: str, hash_: str, where: str) -> None:
-    """After a build that ended OK or present: HASH_ lives at WHERE (an image tag, a SIF's absolute path)."""
-    import json
+    """After a build that ended OK or present: HASH_ lives at WHERE (an image tag, a SIF's absolute path).
 
+    One line each (a header, the digest, the hash, where): reading it back needs no json module."""
     from envport.core.files import write_atomic
 
+    if "\n" in where or "\r" in where:
+        return  # a path no line can hold: never remembered, always the full path
     root = os.fspath(root)
     write_atomic(_cache_file(root, name, site_name, target),
-                 json.dumps({"digest": inputs_digest(root, name, site_name, target), "hash": hash_,
-                             "where": where}))
+                 f"{RECORD_HEADER}\n{inputs_digest(root, name, site_name, target)}\n{hash_}\n{where}\n")
 
 
 def recall(root, name: str, site_name: str | None, target: str) -> tuple[str, str] | None:
     """(hash, where) remembered for exactly these inputs; None when nothing is, or anything changed."""
-    import json
-
     root = os.fspath(root)
     try:
         with open(_cache_file(root, name, site_name, target), encoding="utf-8") as fh:
-            cached = json.load(fh)
-        hash_, where = cached["hash"], cached["where"]
-    except (OSError, ValueError, KeyError, TypeError):
+            lines = fh.read().split("\n")
+    except (OSError, ValueError):
         return None
-    if not (isinstance(hash_, str) and isinstance(where, str)):
+    if len(lines) != 5 or lines[0] != RECORD_HEADER or lines[4] or not (lines[2] and lines[3]):
         return None
-    if cached.get("digest") != inputs_digest(root, name, site_name, target):
+    if lines[1] != inputs_digest(root, name, site_name, target):
         return None
-    return hash_, where
+    return lines[2], lines[3]

@@ -2,12 +2,13 @@
 
 A no-op docker build has to be well ahead of BuildKit's own fully cached
 build (~0.09 s here), a no-op SIF build under 0.1 s, and the interpreter
-alone takes ~0.035 s to start, so this path imports only os, json, the
-built-in blake2b and `_socket` (build/present_cache.py, build/docker/present.py,
-engines/docker_socket.py) or `struct` (build/apptainer/present.py,
-engines/sif_header.py): no argparse, no pathlib, no other command module,
-not even the verdict module (its line and its `--json` shape are written
-here; tests/test_fast_argv.py holds them equal to what core/verdict prints).
+alone takes ~0.035 s to start, so this path imports only os, the built-in
+blake2b and the C json scanner (build/present_cache.py, core/cjson.py), then
+`_socket` (build/docker/present.py, engines/docker_socket.py) or `struct`
+(build/apptainer/present.py, engines/sif_header.py): no argparse, no json
+module (but for `--json` output), no pathlib, no other command module, not
+even the verdict module (its line and its `--json` shape are written here;
+tests/test_fast_argv.py holds them equal to what core/verdict prints).
 Anything it does not recognise, or any doubt about the env, returns None and
 the full path decides.
 """

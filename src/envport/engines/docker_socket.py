@@ -1,4 +1,4 @@
-"""One question to the docker engine over its unix socket, with nothing but `_socket` and `json`.
+"""One question to the docker engine over its unix socket, with nothing but `_socket` and the C json scanner.
 
 The fast `present` path of `envport build --target docker` asks only "does
 this tag exist, and what are its labels?".  `envport.engines.docker` answers
@@ -11,7 +11,6 @@ connection after one reply, so the body is everything after the headers).
 
 from __future__ import annotations
 
-import json
 import os
 
 import _socket  # the C module: `socket` adds selectors, enum classes and array, none of which one GET needs
@@ -52,8 +51,10 @@ def get_json(path: str, timeout: float = 2.0) -> dict | None:
     status = head.split(b"\r\n", 1)[0].split()
     if len(status) < 2 or status[1] != b"200":
         return None
+    from envport.core.cjson import loads
+
     try:
-        return json.loads(body)
+        return loads(body)
     except ValueError:
         return None
 

@@ -32,10 +32,10 @@ def present(root, name: str, site_name: str | None) -> dict | None:
     found = generic_json(sif, "inspect-metadata.json")
     if found is None:
         return None
-    import json
+    from envport.core.cjson import loads
 
     try:
-        meta = json.loads(found[0])
+        meta = loads(found[0])
         label = meta["data"]["attributes"]["labels"]["envport.hash"]
     except (ValueError, KeyError, TypeError):
         return None

@@ -2,7 +2,7 @@
 
 The image tag and hash the last good build of these exact inputs ended with
 come from build/present_cache.py; then the engine is asked, over its unix
-socket with nothing but `_socket` and `json` (engines/docker_socket.py),
+socket with nothing but `_socket` and the C json scanner (engines/docker_socket.py),
 whether the tag still carries that hash in its label.  Any doubt (another
 file, another engine, an image relabelled or gone) falls through to the full
 path, which decides for real.
