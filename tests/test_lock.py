@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import hashlib
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -26,7 +27,7 @@ from envport.plan.site import Site
 from envport.plan.steps import PipStep, make_plan
 from envport.recipe.identity import content_hash
 from envport.spec.loader import load_spec
-from tests.support import run_envport, write_spec
+from tests.support import cli_env, run_envport, write_spec
 
 PY = "%d.%d" % sys.version_info[:2]
 
@@ -134,6 +135,35 @@ def test_an_edited_phase_is_stale_for_check_render_check_and_build(tiny):
     build = run_envport("build", "tiny", "--target", "venv", root=tiny, timeout=120)
     assert build.returncode == 3, build.stdout + build.stderr
     assert "REFUSED" in build.stdout and "lock_stale" in build.stdout and "envport lock tiny" in build.stdout
+    # `up` applies the same gate at its build step, before anything is built.
+    up = run_envport("up", "tiny", "--target", "venv", "--json", root=tiny, timeout=120)
+    steps = {s["step"]: s for s in json.loads(up.stdout)["steps"]}
+    assert up.returncode == 3, up.stdout + up.stderr
+    assert steps["build"]["verdict"] == "REFUSED" and steps["build"]["reason"] == "lock_stale", steps["build"]
+
+
+def test_no_lock_names_the_same_env_in_build_up_verify_and_witness(tiny, tmp_path):
+    """`--no-lock` is another env; every command that finds a built env must find that one."""
+    _lock(tiny)
+    env = cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs"), ENVPORT_STATE_DIR=str(tmp_path / "state"))
+    build = run_envport("build", "tiny", "--target", "venv", "--no-lock", root=tiny, env=env, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    ref = build.stdout.strip().splitlines()[-1].split()[1]
+    up = run_envport("up", "tiny", "--target", "venv", "--no-lock", "--json", root=tiny, env=env, timeout=300)
+    out = json.loads(up.stdout)
+    assert ref == f"tiny@{out['hash'][:12]}"
+    assert {s["step"]: s for s in out["steps"]}["build"]["verdict"] == "present", out["steps"]
+    locked = run_envport("up", "tiny", "--target", "venv", "--json", root=tiny, env=env, timeout=300)
+    assert json.loads(locked.stdout)["hash"][:12] != ref.split("@")[1]  # without --no-lock: the locked env
+    for cmd in ("verify", "witness"):
+        proc = run_envport(cmd, "tiny", "--target", "venv", "--no-lock", "--json", root=tiny, env=env, timeout=300)
+        hashes = [r["hash"] for r in _ledger(tiny, env) if r.get("kind") == cmd]
+        assert hashes and hashes[-1][:12] == ref.split("@")[1], (cmd, proc.stdout, proc.stderr)
+
+
+def _ledger(root: Path, env: dict) -> list[dict]:
+    proc = run_envport("ledger", "tiny", "--json", root=root, env=env)
+    return json.loads(proc.stdout).get("records", [])
 
 
 def test_a_lock_for_another_python_or_platform_is_refused(tiny):

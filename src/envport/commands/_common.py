@@ -29,6 +29,39 @@ def add_json_arg(parser: argparse.ArgumentParser, what: str = "the result") -> N
                         "problems are JSON too")
 
 
+def add_no_lock_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """--no-lock for a command that finds a built env: WHAT the env `envport build --no-lock` made."""
+    parser.add_argument("--no-lock", action="store_true",
+                        help=f"{what} the env `envport build --no-lock` made (every pip phase resolved at build "
+                        "time, not installed from specs/<name>.lock: another env, with another hash)")
+
+
+def lock_gate(no_lock: bool, loaded, site):
+    """(site, a REFUSED result or None, what the ledger says about the lock) before anything is built.
+
+    A lock that no longer fits the spec is refused rather than ignored: building the spec's phases
+    unlocked would be another env under the same name as the one the lock was reviewed for.
+    `no_lock` (--no-lock) turns the lock off: the site then resolves every phase at build time."""
+    from envport.core.verdict import StepResult, Verdict
+    from envport.plan.lock import load_for, lock_path, problems
+
+    if no_lock:
+        return unlocked(site, True), None, "off (--no-lock)"
+    lock = load_for(loaded) if site.lock else None
+    if lock is None:
+        return site, None, "none"
+    found = problems(lock, loaded)
+    if found:
+        return site, StepResult(f"lock {lock_path(loaded).name}", Verdict.REFUSED, found[0].message,
+                                reason=found[0].reason), "refused"
+    return site, None, lock_path(loaded).name
+
+
+def unlocked(site, no_lock: bool):
+    """The site as `envport build --no-lock` built with it (the same site when not `no_lock`)."""
+    return site.model_copy(update={"lock": False}) if no_lock else site
+
+
 def load_each(args: argparse.Namespace) -> tuple[list, list]:
     """Every selected spec loaded, and every problem of the others (a file that cannot be read
     (permission, a directory, a FIFO, a symlink loop, bad bytes) is one more problem, never the end)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envport.commands._common import load_one, project_root
+from envport.commands._common import load_one, lock_gate, project_root
 
 BUILD_TARGETS = ("docker", "apptainer", "venv", "conda")
 
@@ -78,7 +78,7 @@ def run(args) -> int:
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
-    site, refused, lock_fact = _lock_gate(args, loaded, site)
+    site, refused, lock_fact = lock_gate(args.no_lock, loaded, site)
     identity = resolve(loaded, site, args.target).identity
     results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
     code = report(results, args.json, command="build")
@@ -88,26 +88,6 @@ def run(args) -> int:
     if not args.json:
         print(f"{last.verdict.value} {identity.ref} --target {args.target}")
     return code
-
-
-def _lock_gate(args, loaded, site):
-    """(site, a REFUSED result or None, what the ledger says about the lock) before anything is built.
-
-    A lock that no longer fits the spec is refused rather than ignored: building the spec's phases
-    unlocked would be another env under the same name as the one the lock was reviewed for."""
-    from envport.core.verdict import StepResult, Verdict
-    from envport.plan.lock import load_for, lock_path, problems
-
-    if args.no_lock:
-        return site.model_copy(update={"lock": False}), None, "off (--no-lock)"
-    lock = load_for(loaded) if site.lock else None
-    if lock is None:
-        return site, None, "none"
-    found = problems(lock, loaded)
-    if found:
-        return site, StepResult(f"lock {lock_path(loaded).name}", Verdict.REFUSED, found[0].message,
-                                reason=found[0].reason), "refused"
-    return site, None, lock_path(loaded).name
 
 
 def _rememberable(args, loaded) -> bool:

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from envport.commands._common import load_one, project_root
+from envport.commands._common import load_one, lock_gate, project_root
 
 TARGETS = ("docker", "venv", "apptainer", "conda")
 STEPS = ("preflight", "build", "weights", "verify", "witness")
@@ -42,6 +42,10 @@ def register(sub) -> None:
     p.add_argument("--min-free-gb", type=float, default=None, metavar="GB",
                    help="preflight: free space to keep beyond the estimate (default 1)")
     p.add_argument("--deadline", type=float, default=300.0, help="witness: seconds per witness script (default 300)")
+    p.add_argument("--no-lock", action="store_true",
+                   help="build (and then verify and witness) with every pip phase resolved at build time even "
+                   "when specs/<name>.lock fits the spec, as `envport build --no-lock` does (another env, with "
+                   "another hash). Without it a lock that does not fit is REFUSED at the build step")
     p.add_argument("--json", action="store_true", help="print the steps as JSON")
     p.set_defaults(func=run)
 
@@ -57,9 +61,10 @@ def run(args) -> int:
 
     root = project_root(args)
     loaded = load_one(args, args.spec)
-    site = load_site(args.site, root)
+    site, lock_refused, lock_fact = lock_gate(args.no_lock, loaded, load_site(args.site, root))
     identity = resolve(loaded, site, args.target).identity
     ctx = {"args": args, "root": root, "loaded": loaded, "site": site, "identity": identity,
+           "lock_refused": lock_refused, "lock_fact": lock_fact,
            "weights_root": weights.weights_root(args.weights_root), "progress": stderr_progress}
     runners = {"preflight": _preflight, "build": _build, "weights": _weights, "verify": _verify, "witness": _witness}
     results: list[StepResult] = []
@@ -166,12 +171,15 @@ def _build(ctx):
     args = ctx["args"]
     # commands/build.py's dispatcher, with build's own defaults (its parser's) for the options up does not offer.
     ns = _parsed(build_cmd, "build", args.spec, "--target", args.target,
-                 *(["--host", args.host] if args.host else []), *(["--site", args.site] if args.site else []))
+                 *(["--host", args.host] if args.host else []), *(["--site", args.site] if args.site else []),
+                 *(["--no-lock"] if args.no_lock else []))
     ns.root = str(ctx["root"])
-    results = build_cmd._build(ns, ctx["loaded"], ctx["site"], ctx["root"], ctx["identity"], ctx["progress"])
+    # The lock gate ran before the identity was resolved (commands/_common.lock_gate), as in `envport build`.
+    results = [ctx["lock_refused"]] if ctx["lock_refused"] else \
+        build_cmd._build(ns, ctx["loaded"], ctx["site"], ctx["root"], ctx["identity"], ctx["progress"])
     last = results[-1]
     ledger.record(ctx["root"], ctx["loaded"].spec, kind="build", target=args.target, hash_=ctx["identity"].hash,
-                  result=last, seconds=sum(r.seconds for r in results))
+                  result=last, seconds=sum(r.seconds for r in results), site=ctx["site"], lock=ctx["lock_fact"])
     bad = next((r for r in results if not r.verdict.ok), last)
     return _step("build", bad, f"{bad.step}: {bad.detail}")
 
@@ -231,7 +239,8 @@ def _witness(ctx):
                           "envport yet")
     opts = WitnessOptions(deadline_s=args.deadline, weights=True)
     ns = _parsed(witness_cmd, "witness", args.spec, "--target", args.target,
-                 *(["--host", args.host] if args.host else []), *(["--site", args.site] if args.site else []))
+                 *(["--host", args.host] if args.host else []), *(["--site", args.site] if args.site else []),
+                 *(["--no-lock"] if args.no_lock else []))
     launcher, facts = witness_cmd._launcher(ns, loaded, ctx["identity"], opts)
     opts.on_step = lambda r: ctx["progress"](f"envport: [witness] {r.line()}")
     t0 = time.monotonic()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envport.commands._common import load_one, project_root
+from envport.commands._common import add_no_lock_arg, load_one, project_root, unlocked
 
 VERIFY_TARGETS = ("docker", "venv", "apptainer")
 
@@ -29,6 +29,7 @@ def register(sub) -> None:
                    "exec where installed, else ch-run on the SIF mounted with squashfuse)")
     p.add_argument("--host", default=None, help="venv: the env on this SSH host (site alias or destination), "
                    "checked through testinfra ssh:// with the site's ssh_config (verify/backends.py)")
+    add_no_lock_arg(p, "verify")
     p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
     p.add_argument("--json", action="store_true", help="print the verdict and every check as JSON")
     p.set_defaults(func=run)
@@ -43,7 +44,7 @@ def run(args) -> int:
 
     root = project_root(args)
     loaded = load_one(args, args.spec)
-    site = load_site(args.site, root)
+    site = unlocked(load_site(args.site, root), args.no_lock)
     junit = Path(args.junit).resolve() if args.junit else None
     if args.target == "apptainer":
         from envport.verify.sif import verify as verify_sif

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from envport.commands._common import add_no_lock_arg
 from envport.core.verdict import StepResult
 
 TARGETS = ("docker", "venv", "apptainer")
@@ -42,6 +43,7 @@ def register(sub) -> None:
                    help="auto: GPUs where the spec asks for them, else what the env has; cuda: require one")
     p.add_argument("--deadline", type=float, default=300.0,
                    help="seconds per witness script; a stuck group has every rank's stack dumped (default 300)")
+    add_no_lock_arg(p, "witness")
     p.add_argument("--no-ledger", action="store_true", help="do not append this run to the ledger")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
@@ -60,7 +62,7 @@ def _table_row(r: StepResult) -> str:
 
 
 def run(args) -> int:
-    from envport.commands._common import load_one
+    from envport.commands._common import load_one, unlocked
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.witness.checks import check_world_size, parse_checks
@@ -73,7 +75,7 @@ def run(args) -> int:
     spec = loaded.spec
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None, weights=True)
-    site = load_site(args.site, loaded.root)
+    site = unlocked(load_site(args.site, loaded.root), args.no_lock)
     identity = resolve(loaded, site, args.target).identity
     launcher, facts = _launcher(args, loaded, identity, opts)
 
