@@ -124,3 +124,9 @@ def recall(root, name: str, site_name: str | None, target: str) -> tuple[str, st
     if lines[1] != inputs_digest(root, name, site_name, target):
         return None
     return lines[2], lines[3]
+
+
+def checked(root, name: str, site_name: str | None, target: str, check) -> dict | None:
+    """CHECK(hash, where) on the identity recalled for these inputs: its answer, or None when none is recalled."""
+    hit = recall(root, name, site_name, target)
+    return None if hit is None else check(*hit)

@@ -106,12 +106,13 @@ def _build(args, loaded, site, root, identity, progress):
         return results
     if args.target == "apptainer":
         from envport.build.apptainer import builder as apptainer
-        from envport.build.apptainer.present import remember
+        from envport.build.present_cache import remember
 
         results = apptainer.build(loaded, site, root, rebuild=args.rebuild, from_docker=args.from_docker,
                                   progress=progress)
         if results[-1].verdict.ok and _rememberable(args, loaded) and results[-1].data.get("sif"):
-            remember(root, loaded.spec.name, args.site, identity.hash, str(Path(results[-1].data["sif"]).resolve()))
+            remember(root, loaded.spec.name, args.site, apptainer.TARGET, identity.hash,
+                     str(Path(results[-1].data["sif"]).resolve()))
         return results
     from envport.build import shell
 
