@@ -243,3 +243,42 @@ def test_ci_matrix_runs_every_demo_cpu_pair_this_host_can(demo_image, local_venv
         assert all(c.find("failure") is None for c in mine.values()), key
         assert mine["verify"].find("skipped") is None and mine["witness"].find("skipped") is None, key
     print(table)
+
+
+def test_the_command_offers_the_matrix_targets():
+    from envport.commands.matrix import TARGET_CHOICES
+    from envport.report.matrix import TARGETS
+
+    assert TARGET_CHOICES == TARGETS
+
+
+def test_run_schedules_up_to_jobs_at_once_and_one_docker_pair_at_a_time(monkeypatch):
+    """Two docker pairs and a venv pair at --jobs 2: the venv pair runs beside the first docker pair, the
+    second docker pair starts only after the first ended. (Events, not sleeps: each fake run waits for
+    what must be running beside it.)"""
+    import threading
+
+    from envport.commands import matrix as cmd
+    from envport.report.matrix import Judged, Pair, PairRun
+
+    runs = [PairRun(Judged(Pair("a", "docker"))), PairRun(Judged(Pair("b", "docker"))),
+            PairRun(Judged(Pair("a", "venv")))]
+    log, lock = [], threading.Lock()
+    venv_started = threading.Event()
+
+    def fake_one(root, args, r):
+        label = r.judged.pair.label
+        with lock:
+            log.append(f"start {label}")
+        if label == "a venv":
+            venv_started.set()
+        if label == "a docker":
+            assert venv_started.wait(60), "the venv pair did not start beside the docker one"
+        with lock:
+            log.append(f"end {label}")
+        r.exit_code = 0
+
+    monkeypatch.setattr(cmd, "_one", fake_one)
+    cmd._schedule(Path("."), None, runs, jobs=2)
+    assert log.index("start a venv") < log.index("end a docker") < log.index("start b docker"), log
+    assert all(r.exit_code == 0 for r in runs)

@@ -182,6 +182,8 @@ def _schedule(root: Path, args, runs: list, jobs: int) -> None:
         nonlocal running
         try:
             _one(root, args, r)
+        except Exception as exc:  # a pair that broke here is that pair's failure, never a silent skip
+            r.exit_code, r.error = 1, f"envport matrix could not run it: {type(exc).__name__}: {exc}"
         finally:
             with cond:
                 running -= 1
