@@ -153,7 +153,7 @@ def run_buildkit(argv: list[str], cwd: Path, on_line: Callable[[str], None]) -> 
             signal.signal(signal.SIGTERM, previous)
 
 
-# The fast `present` probe's one request lives in engines/docker_socket.py (socket + json only).
+# The fast `present` probe's one request lives in engines/docker_socket.py (_socket + the C json scanner).
 from envport.engines.docker_socket import image_labels  # noqa: E402,F401
 
 
