@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from envport.commands._common import load_one, lock_gate, project_root
 
@@ -112,7 +112,7 @@ def _build(args, loaded, site, root, identity, progress):
                                   progress=progress)
         if results[-1].verdict.ok and _rememberable(args, loaded) and results[-1].data.get("sif"):
             remember(root, loaded.spec.name, args.site, apptainer.TARGET, identity.hash,
-                     str(Path(results[-1].data["sif"]).resolve()))
+                     os.path.abspath(results[-1].data["sif"]))  # the path as the full path prints it
         return results
     from envport.build import shell
 
