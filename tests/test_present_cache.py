@@ -53,3 +53,64 @@ def test_unreachable_engine_is_a_miss(project, labelled_image, monkeypatch):
     assert present_cache.present(project, "demo-cpu", None) is None
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")
     assert present_cache.present(project, "demo-cpu", None) is None
+
+
+# --- what the remembered identity depends on (build/present_cache.py), for every target ---------------------
+
+
+@pytest.fixture
+def own_code(tmp_path, monkeypatch):
+    """envport's code as the digest sees it, in a copy this test may edit."""
+    from envport.build import present_cache as cache
+
+    code = tmp_path / "envport-code"
+    (code / "renderers").mkdir(parents=True)
+    (code / "cli.py").write_text("# cli\n")
+    (code / "renderers" / "Dockerfile.j2").write_text("FROM x\n")
+    monkeypatch.setattr(cache, "PACKAGE_DIR", str(code))
+    return code
+
+
+@pytest.mark.parametrize("target", ["docker", "apptainer"])
+def test_any_input_change_forgets_the_identity(project, own_code, target, tmp_path, monkeypatch):
+    from envport.build import present_cache as cache
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("one CA\n")
+    site = project / "sites" / "withca.yaml"
+    site.write_text(f"name: withca\nca_bundle: {ca}\n")
+
+    def remembered() -> tuple[str, str] | None:
+        return cache.recall(project, "demo-cpu", "withca", target)
+
+    cache.remember(project, "demo-cpu", "withca", target, "a" * 64, "where-it-lives")
+    assert remembered() == ("a" * 64, "where-it-lives")
+    assert cache.recall(project, "demo-cpu", "withca", "venv" if target == "docker" else "docker") is None
+
+    ca.write_text("another CA\n")  # the CA bundle's bytes enter the env's hash
+    assert remembered() is None
+    cache.remember(project, "demo-cpu", "withca", target, "a" * 64, "where-it-lives")
+    (own_code / "renderers" / "Dockerfile.j2").write_text("FROM y\n")  # a template edit
+    assert remembered() is None
+    cache.remember(project, "demo-cpu", "withca", target, "a" * 64, "where-it-lives")
+    (project / "specs" / "demo-cpu.lock").write_text("edited\n")  # locks live in specs/
+    assert remembered() is None
+    cache.remember(project, "demo-cpu", "withca", target, "a" * 64, "where-it-lives")
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))  # a `~` in sif_dir means another place
+    assert (remembered() is None) == (target == "apptainer")
+
+
+def test_a_damaged_record_is_a_miss(project, own_code):
+    from envport.build import present_cache as cache
+
+    cache.remember(project, "demo-cpu", None, "docker", "a" * 64, "envport/demo-cpu:aaaaaaaaaaaa")
+    record = project / cache.CACHE_DIR / "demo-cpu--local--docker"
+    whole = record.read_text()
+    for damaged in ("", whole[:-1], whole.replace("envport-present", "other"), whole + "extra\n",
+                    whole.replace("a" * 64, "")):
+        record.write_text(damaged)
+        assert cache.recall(project, "demo-cpu", None, "docker") is None, repr(damaged)
+    record.write_text(whole)
+    assert cache.recall(project, "demo-cpu", None, "docker") is not None
+    cache.remember(project, "demo-cpu", None, "docker", "b" * 64, "line\nbreak")  # no line holds it: forgotten
+    assert not record.exists()

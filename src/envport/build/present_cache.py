@@ -104,9 +104,13 @@ def remember(root, name: str, site_name: str | None, target: str, hash_: str, wh
     One line each (a header, the digest, the hash, where): reading it back needs no json module."""
     from envport.core.files import write_atomic
 
-    if "\n" in where or "\r" in where:
-        return  # a path no line can hold: never remembered, always the full path
     root = os.fspath(root)
+    if "\n" in where or "\r" in where:  # a path no line can hold: never remembered, always the full path
+        try:
+            os.unlink(_cache_file(root, name, site_name, target))
+        except FileNotFoundError:
+            pass
+        return
     write_atomic(_cache_file(root, name, site_name, target),
                  f"{RECORD_HEADER}\n{inputs_digest(root, name, site_name, target)}\n{hash_}\n{where}\n")
 
