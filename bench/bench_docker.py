@@ -19,8 +19,10 @@ from an earlier run is reused), and removes the images it made.
     own call >= 10x.  Printed beside them, from the same run: a bare
     `python -c pass` (the floor any Python CLI stands on here), the CLI with
     --json, the CLI without a bytecode cache where PYTHONDONTWRITEBYTECODE is
-    set (every envport module compiled on each run), and the `envport`
-    command found on PATH.
+    set (every envport module compiled on each run), the `envport` console
+    script pip installed beside this interpreter, and, on a pyenv host,
+    pyenv's `envport` shim (what a shell finds first there: bash and
+    `pyenv exec` before Python starts).
 (b) a build after editing only the last pip phase vs a cold build
     (`--no-cache`, empty wheelhouse).  Goal: <= 0.15.
 
@@ -195,7 +197,9 @@ def main() -> int:
         user_env["PYTHONPYCACHEPREFIX"] = pycache
         cmd = [sys.executable, "-m", "envport", "build", name, "--target", "docker"]
         expect = "present  image "
-        on_path = shutil.which("envport")
+        on_path = shutil.which("envport")  # the console script pip wrote beside this interpreter
+        # On a pyenv host the shell's `envport` is pyenv's shim (bash, then `pyenv exec`): timed too, apart.
+        shim = Path(os.environ.get("PYENV_ROOT", "/nonexistent")) / "shims" / "envport"
         runs = {
             "python -c pass": lambda: timed([sys.executable, "-c", "pass"], tmp, user_env),
             "envport": lambda: timed(cmd, tmp, user_env, expect),
@@ -205,7 +209,9 @@ def main() -> int:
         if os.environ.get("PYTHONDONTWRITEBYTECODE"):
             runs["envport, no bytecode cache"] = lambda: timed(cmd, tmp, None, expect)
         if on_path:
-            runs["envport on PATH"] = lambda: timed([on_path, *cmd[3:]], tmp, user_env, expect)
+            runs["envport console script"] = lambda: timed([on_path, *cmd[3:]], tmp, user_env, expect)
+        if shim.is_file():
+            runs["envport via pyenv's shim"] = lambda: timed([str(shim), *cmd[3:]], tmp, user_env, expect)
         timed(cmd, tmp, user_env, expect)  # writes the bytecode cache
         times = interleaved(args.repeat, runs)
         shutil.rmtree(pycache, ignore_errors=True)
@@ -235,7 +241,8 @@ def main() -> int:
             "cli": f"{Path(sys.executable).name} -m envport build {name} --target docker (bytecode cached)",
             "medians_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
             "minima_s": {k: round(min(v), 4) for k, v in times.items()},
-            "envport_on_path": on_path,
+            "envport_console_script": on_path,
+            "pyenv_shim": str(shim) if shim.is_file() else None,
             "load_1min_after": round(os.getloadavg()[0], 2),
         },
         "last_phase_edit": {
