@@ -4,6 +4,7 @@ and the engine still holds the tag with that hash in its label."""
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import uuid
 
@@ -96,8 +97,13 @@ def test_any_input_change_forgets_the_identity(project, own_code, target, tmp_pa
     (project / "specs" / "demo-cpu.lock").write_text("edited\n")  # locks live in specs/
     assert remembered() is None
     cache.remember(project, "demo-cpu", "withca", target, "a" * 64, "where-it-lives")
-    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))  # a `~` in sif_dir means another place
-    assert (remembered() is None) == (target == "apptainer")
+    with monkeypatch.context() as elsewhere:
+        elsewhere.setenv("HOME", str(tmp_path / "elsewhere"))  # a `~` in sif_dir means another place
+        assert (remembered() is None) == (target == "apptainer")
+    cache.remember(project, "demo-cpu", "withca", target, "a" * 64, "where-it-lives")
+    copy = tmp_path / "copied"
+    shutil.copytree(project, copy)  # .cache/present copied along: a relative sif_dir is another place there
+    assert (cache.recall(copy, "demo-cpu", "withca", target) is None) == (target == "apptainer")
 
 
 def test_a_damaged_record_is_a_miss(project, own_code):
