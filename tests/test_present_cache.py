@@ -120,3 +120,24 @@ def test_a_damaged_record_is_a_miss(project, own_code):
     assert cache.recall(project, "demo-cpu", None, "docker") is not None
     cache.remember(project, "demo-cpu", None, "docker", "b" * 64, "line\nbreak")  # no line holds it: forgotten
     assert not record.exists()
+
+
+def test_the_builders_present_asks_the_engine_socket_first(labelled_image):
+    """builder.build's own `present` (commands, `envport up`) answers from one socket request when the image
+    carries the hash and its :latest tag; otherwise the SDK path decides (and tags :latest)."""
+    from types import SimpleNamespace
+
+    from envport.build.docker.builder import _present_by_socket, repo
+
+    tag, hash_ = labelled_image
+    identity = SimpleNamespace(image_tag=tag, name=f"present-cache-{hash_[:8]}")
+    assert _present_by_socket(SimpleNamespace(hash=hash_, identity=identity)) is None  # no :latest yet
+    latest = f"{repo(identity.name)}:latest"
+    subprocess.run(["docker", "tag", tag, latest], check=True, capture_output=True)
+    try:
+        hit = _present_by_socket(SimpleNamespace(hash=hash_, identity=identity))
+        assert hit is not None and hit.verdict.value == "present" and hit.step == f"image {tag}"
+        assert hit.data["image"] == tag and hit.data["image_id"].startswith("sha256:")
+        assert _present_by_socket(SimpleNamespace(hash="0" * 64, identity=identity)) is None  # another env's label
+    finally:
+        subprocess.run(["docker", "image", "rm", latest], capture_output=True)

@@ -60,9 +60,9 @@ def get_json(path: str, timeout: float = 2.0) -> dict | None:
 
 
 def image_labels(tag: str, timeout: float = 2.0) -> dict | None:
-    """{'labels', 'id', 'size'} of the image, or None when it is absent or the engine does not answer."""
+    """{'labels', 'id', 'size', 'tags'} of the image, or None when it is absent or the engine does not answer."""
     info = get_json(f"/images/{_quote(tag)}/json", timeout)
     if not isinstance(info, dict):
         return None
     return {"labels": (info.get("Config") or {}).get("Labels") or {}, "id": info.get("Id", ""),
-            "size": info.get("Size", 0)}
+            "size": info.get("Size", 0), "tags": info.get("RepoTags") or []}

@@ -132,6 +132,10 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
     """Build (or find) the env's image; each step's StepResult, stopping at the first not ok."""
     start = time.monotonic()
     resolved = resolve(loaded, site, TARGET)
+    if not rebuild:
+        present = _present_by_socket(resolved)
+        if present is not None:
+            return [present]
     client, refusal = connect("docker engine")
     if client is None:
         return [refusal]
@@ -163,9 +167,25 @@ def _present(image, resolved, rebuild: bool, progress: Progress) -> Optional[Ste
     name = resolved.identity.name
     if f"{repo(name)}:latest" not in image.tags:
         image.tag(repo(name), "latest")
-    size = image.attrs.get("Size", 0)
-    return StepResult(f"image {tag}", Verdict.PRESENT, f"{image.id[:19]} ({_size(size)})",
-                      data={"image": tag, "image_id": image.id, "size": size})
+    return _present_result(tag, image.id, image.attrs.get("Size", 0))
+
+
+def _present_by_socket(resolved) -> Optional[StepResult]:
+    """PRESENT from one request on the engine's socket, before the SDK client's own ping and version
+    requests; None whenever anything is left to do or say (absent, relabelled, no :latest yet)."""
+    from envport.engines.docker_socket import image_labels
+
+    tag = resolved.identity.image_tag
+    info = image_labels(tag)
+    if (info is None or info["labels"].get("envport.hash") != resolved.hash
+            or f"{repo(resolved.identity.name)}:latest" not in info["tags"]):
+        return None
+    return _present_result(tag, info["id"], info["size"])
+
+
+def _present_result(tag: str, image_id: str, size: int) -> StepResult:
+    return StepResult(f"image {tag}", Verdict.PRESENT, f"{image_id[:19]} ({_size(size)})",
+                      data={"image": tag, "image_id": image_id, "size": size})
 
 
 def _base(client, plan: Plan, site: Site) -> StepResult:
