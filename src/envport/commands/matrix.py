@@ -38,7 +38,8 @@ def register(sub) -> None:
                    help="only these specs (repeat or comma-separate; default: every spec in specs/)")
     p.add_argument("--target", action="append", default=[], metavar="T",
                    help=f"only these targets (repeat or comma-separate): {', '.join(TARGET_CHOICES)} (default: all)")
-    p.add_argument("--site", default=None, help="site profile (default: local; --format github: github)")
+    p.add_argument("--site", default=None, help="site profile (default: local; --format github always uses "
+                   "sites/github.yaml)")
     p.add_argument("--run", action="store_true", help="run `envport up` for every runnable pair")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="--run: pairs at once (default 1)")
     p.add_argument("--junit", default=None, metavar="FILE",
@@ -67,9 +68,9 @@ def run(args) -> int:
     if args.jobs < 1:
         raise EnvportError("--jobs must be at least 1", exit_code=2)
     if args.format == "github":
-        if args.run or args.env or args.target:
-            raise EnvportError("--format github writes the whole matrix (every spec, every target); drop --run, "
-                               "--env and --target", exit_code=2)
+        if args.run or args.env or args.target or args.site:
+            raise EnvportError("--format github writes the whole matrix (every spec, every target, for the site "
+                               "profile `github`); drop --run, --env, --target and --site", exit_code=2)
         return _github(args, root)
     loaded = _load(args, root)
     from envport.plan.site import load_site
@@ -99,11 +100,10 @@ def _load(args, root: Path) -> list:
 
 def _github(args, root: Path) -> int:
     from envport.commands._common import load_selected
-    from envport.plan.site import load_site
     from envport.report import workflow
 
     loaded = load_selected(type(args)(**{**vars(args), "specs": [], "all": True, "root": str(root)}))
-    text = workflow.workflow_text(loaded, load_site(args.site or workflow.WORKFLOW_SITE, root))
+    text = workflow.for_project(root, loaded)
     changed = workflow.write(root, text)
     jobs = text.count("\n          - {")
     print(f"{'OK' if changed else 'present':<8} {workflow.WORKFLOW_PATH} ({jobs} jobs"
