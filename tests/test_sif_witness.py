@@ -24,19 +24,41 @@ from .support import ENV_NAME, as_json, fail_with, run_envport
 pytest_plugins = ["tests.sif_fixtures"]
 
 
-def _sif_mounts() -> list[str]:
+def _mounts(where: str) -> list[str]:
+    """Mount points whose path starts with WHERE."""
     with open("/proc/self/mountinfo") as fh:
-        return [ln.split()[4] for ln in fh if "/envport-sif-" in ln.split()[4]]
+        return sorted(ln.split()[4] for ln in fh if ln.split()[4].startswith(where))
 
 
-def _left_dirs() -> list[Path]:
-    return sorted(Path("/tmp").glob("envport-sif-*-*"))
+def _left(where: str) -> list[str]:
+    """Mount points and directories left at paths starting with WHERE (a test's own TMPDIR + the mount
+    prefix, or one launcher's or job's /tmp prefix): only this test's, whatever else runs on the host."""
+    head, _, name = where.rpartition("/")
+    return sorted(set(_mounts(where)) | {str(d) for d in Path(head or "/").glob(f"{name}*")})
 
 
-def test_every_witness_passes_inside_the_sif(demo_sif: BuiltSif):
-    before = (_sif_mounts(), _left_dirs())
+@pytest.fixture
+def tmpdir_env(tmp_path: Path) -> tuple[dict, str]:
+    """(an envport environment whose TMPDIR is this test's own folder, where the run's SIF mount goes)."""
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    return sif_env(TMPDIR=str(tmp)), f"{tmp}/envport-sif-"
+
+
+def _job_prefix(job: str) -> str:
+    """The /tmp prefix of a Slurm job's SIF mounts, read from its batch script's cleanup."""
+    shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=30)
+    script = re.search(r"\bCommand=(\S+)", shown.stdout)
+    assert script, shown.stdout + shown.stderr
+    found = re.search(r"for m in (/tmp/envport-sif-[0-9a-f]+-)\*", Path(script.group(1)).read_text())
+    assert found, f"no SIF mount sweep in {script.group(1)}"
+    return found.group(1)
+
+
+def test_every_witness_passes_inside_the_sif(demo_sif: BuiltSif, tmpdir_env):
+    env, where = tmpdir_env
     proc = run_envport("witness", ENV_NAME, "--target", "apptainer", "--json", "--no-ledger", root=demo_sif.root,
-                       env=sif_env(), timeout=900)
+                       env=env, timeout=900)
     assert proc.returncode == 0, fail_with(proc, "witness --target apptainer")
     out = as_json(proc)
     steps = {s["step"]: s["verdict"] for s in out["steps"]}
@@ -44,16 +66,16 @@ def test_every_witness_passes_inside_the_sif(demo_sif: BuiltSif):
         assert steps.get(name) == "OK", steps
     assert any(s.startswith("cli ") for s in steps) and set(steps.values()) == {"OK"}, steps
     assert out["launcher"].endswith(demo_sif.path.name)
-    assert (_sif_mounts(), _left_dirs()) == before, "a SIF mount (or its directory) was left behind"
+    assert _left(where) == [], "a SIF mount (or its directory) was left behind"
 
 
-def test_a_failing_witness_leaves_no_mount(demo_sif: BuiltSif):
-    before = (_sif_mounts(), _left_dirs())
+def test_a_failing_witness_leaves_no_mount(demo_sif: BuiltSif, tmpdir_env):
+    env, where = tmpdir_env
     proc = run_envport("witness", ENV_NAME, "--target", "apptainer", "--only", "collectives", "--deadline", "10",
-                       "--json", "--no-ledger", root=demo_sif.root, env=sif_env(ENVPORT_WITNESS_FAULT="crash:1"),
+                       "--json", "--no-ledger", root=demo_sif.root, env={**env, "ENVPORT_WITNESS_FAULT": "crash:1"},
                        timeout=300)
     assert proc.returncode == 1, fail_with(proc, "witness with rank 1 crashing")
-    assert (_sif_mounts(), _left_dirs()) == before, "a failed witness left its SIF mounted"
+    assert _left(where) == [], "a failed witness left its SIF mounted"
 
 
 def test_a_timed_out_call_is_stopped_and_unmounted(tiny_sif: BuiltSif, tmp_path: Path):
@@ -64,23 +86,23 @@ def test_a_timed_out_call_is_stopped_and_unmounted(tiny_sif: BuiltSif, tmp_path:
     (scripts / "stall.py").write_text("import time\nprint('stalling', flush=True)\ntime.sleep(600)\n")
     launcher = SifLauncher(tiny_sif.path, witness_dir=scripts)
     assert launcher.preflight() is None
-    before = (_sif_mounts(), _left_dirs())
+    # A call outside a run (srun's self-contained wrapper): its own mount under /tmp/<prefix>-.
     result = launcher.run("stall.py", [], {}, deadline_s=15)
     assert result.timed_out and "stalling" in result.output, result.output
-    assert (_sif_mounts(), _left_dirs()) == before, "the timed-out call left its SIF mounted"
+    assert _left(f"/tmp/{launcher.prefix}-") == [], "the timed-out call left its SIF mounted"
 
 
 def test_collectives_as_two_slurm_tasks_with_the_sif_launcher(demo_sif: BuiltSif, slurm):
-    before = (_sif_mounts(), _left_dirs())
     proc = run_envport("slurm", "submit", ENV_NAME, "--cluster", "local", "--target", "apptainer", "--check",
                        "collectives", "--json", "--no-ledger", root=demo_sif.root, env=sif_env(), timeout=600)
     assert proc.returncode == 0, fail_with(proc, "slurm submit --target apptainer")
     out = json.loads(proc.stdout)
     steps = {s["step"]: s for s in out["steps"]}
     assert steps["collectives (world 2)"]["verdict"] == "OK", out["steps"]
-    script = Path(out["script_path"]).read_text() if Path(out["script_path"]).exists() else ""
-    assert not script or "ch-run" in script or "apptainer" in script
-    assert (_sif_mounts(), _left_dirs()) == before, "a Slurm task left its SIF mounted"
+    script = Path(out["script_path"]).read_text()
+    assert "ch-run" in script or "apptainer" in script
+    prefix = re.search(r"for m in (/tmp/envport-sif-[0-9a-f]+-)\*", script)
+    assert prefix and _left(prefix.group(1)) == [], "a Slurm task left its SIF mounted"
 
 
 def test_missing_sif_is_refused(sif_project: Path):
@@ -129,15 +151,26 @@ def _stall_scripts(tmp_path: Path) -> Path:
     return scripts
 
 
-def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_path: Path):
+@pytest.fixture
+def own_tmp(tmp_path: Path, monkeypatch) -> Path:
+    """This process's temp dir (where a run's mount goes) pointed at the test's own folder."""
+    import tempfile
+
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_path: Path, own_tmp: Path):
     from envport.witness.launchers.sif import SifLauncher
 
     launcher = SifLauncher(tiny_sif.path, witness_dir=_stall_scripts(tmp_path))
     assert launcher.preflight() is None
-    before = (_sif_mounts(), _left_dirs())
+    where = f"{own_tmp}/{launcher.prefix}-"
     with launcher.session():
-        held = [m for m in _sif_mounts() if m not in before[0]]
-        assert len(held) == 1 and held[0].startswith(f"/tmp/{launcher.prefix}-"), held
+        held = _left(where)
+        assert len(held) == 1 and _mounts(where) == held, held
         inv = launcher.invocation("where.py", [], {})
         assert held[0] in inv.argv and "squashfuse" not in " ".join(inv.argv), inv.argv
         devs = []
@@ -146,27 +179,29 @@ def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_pa
             assert res.returncode == 0, res.output
             devs += re.findall(r"root-dev (\d+)", res.output)
         assert len(devs) == 2 and devs[0] == devs[1], "two calls of one run saw different mounts"
-        assert [m for m in _sif_mounts() if m not in before[0]] == held, "a call mounted the SIF again"
+        assert _left(f"{own_tmp}/") == held and _left(f"/tmp/{launcher.prefix}-") == [], \
+            "a call mounted the SIF again"
         # A timed-out call inside the run is stopped; the run's mount stays until the run ends.
         stalled = launcher.run("stall.py", [], {}, deadline_s=10)
         assert stalled.timed_out and "stalling" in stalled.output, stalled.output
-        assert [m for m in _sif_mounts() if m not in before[0]] == held
-    assert (_sif_mounts(), _left_dirs()) == before, "the run's mount (or its directory) was left behind"
+        assert _left(where) == held
+    assert _left(where) == [], "the run's mount (or its directory) was left behind"
 
 
-def test_an_error_inside_the_run_still_unmounts(tiny_sif: BuiltSif, tmp_path: Path):
+def test_an_error_inside_the_run_still_unmounts(tiny_sif: BuiltSif, tmp_path: Path, own_tmp: Path):
     from envport.witness.launchers.sif import SifLauncher
 
     launcher = SifLauncher(tiny_sif.path, witness_dir=_stall_scripts(tmp_path))
-    before = (_sif_mounts(), _left_dirs())
+    where = f"{own_tmp}/{launcher.prefix}-"
     with pytest.raises(RuntimeError, match="boom"):
         with launcher.session():
-            assert len(_sif_mounts()) == len(before[0]) + 1
+            assert len(_left(where)) == 1
             raise RuntimeError("boom")
-    assert (_sif_mounts(), _left_dirs()) == before
+    assert _left(where) == []
 
 
-def test_weights_and_witness_folder_are_read_only_inside_the_sif(demo_sif: BuiltSif, tmp_path: Path):
+def test_weights_and_witness_folder_are_read_only_inside_the_sif(demo_sif: BuiltSif, tmp_path: Path,
+                                                                 own_tmp: Path):
     from envport.witness.launchers.sif import SifLauncher
 
     weights = tmp_path / "weights"
@@ -189,62 +224,61 @@ def test_weights_and_witness_folder_are_read_only_inside_the_sif(demo_sif: Built
     assert not (scripts / "envport-wrote").exists()
 
 
-def _mount_holder(sif: Path) -> subprocess.Popen:
+def _mount_holder(sif: Path, parent: Path) -> subprocess.Popen:
     code = ("import sys, time\n"
             "from pathlib import Path\n"
             "from envport.engines.sif_run import mounted\n"
-            "with mounted(Path(sys.argv[1]), prefix='envport-sif-killed-', parent='/tmp') as m:\n"
+            "with mounted(Path(sys.argv[1]), parent=sys.argv[2]) as m:\n"
             "    print(m, flush=True)\n"
             "    time.sleep(600)\n")
-    return subprocess.Popen([sys.executable, "-c", code, str(sif)], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", code, str(sif), str(parent)], stdout=subprocess.PIPE, text=True)
 
 
-def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif):
-    before = (_sif_mounts(), _left_dirs())
-    proc = _mount_holder(tiny_sif.path)
+def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif, tmp_path: Path):
+    where = f"{tmp_path}/envport-sif-"
+    proc = _mount_holder(tiny_sif.path, tmp_path)
     try:
         mnt = proc.stdout.readline().strip()
-        assert mnt.startswith("/tmp/envport-sif-killed-") and mnt in _sif_mounts(), mnt
+        assert mnt.startswith(where) and _left(where) == [mnt], (mnt, _left(where))
         proc.kill()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     # The holder dies with its parent and stops squashfuse, which unmounts; then it removes the directory.
-    _wait_for("unmount after SIGKILL", lambda: (_sif_mounts(), _left_dirs()) == before, timeout=30)
+    _wait_for("unmount after SIGKILL", lambda: _left(where) == [], timeout=30)
 
 
-def test_sigterm_to_envport_witness_unmounts(demo_sif: BuiltSif):
-    before = (_sif_mounts(), _left_dirs())
+def test_sigterm_to_envport_witness_unmounts(demo_sif: BuiltSif, tmpdir_env):
+    env, where = tmpdir_env
     proc = subprocess.Popen(
         [sys.executable, "-m", "envport", "-C", str(demo_sif.root), "witness", ENV_NAME, "--target", "apptainer",
          "--only", "collectives", "--no-ledger"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=sif_env(ENVPORT_WITNESS_FAULT="hang:1"))
+        env={**env, "ENVPORT_WITNESS_FAULT": "hang:1"})
     try:
-        _wait_for("SIF mount", lambda: len(_sif_mounts()) > len(before[0]), proc)
+        _wait_for("SIF mount", lambda: _mounts(where), proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:])
-    assert (_sif_mounts(), _left_dirs()) == before, "SIGTERM left the SIF mounted"
+    assert _left(where) == [], "SIGTERM left the SIF mounted"
 
 
 def test_a_failing_slurm_job_leaves_no_mount(demo_sif: BuiltSif, slurm):
-    before = (_sif_mounts(), _left_dirs())
     proc = run_envport("slurm", "submit", ENV_NAME, "--cluster", "local", "--target", "apptainer", "--check",
                        "collectives", "--deadline", "20", "--json", "--no-ledger", root=demo_sif.root,
                        env=sif_env(ENVPORT_WITNESS_FAULT="crash:1"), timeout=600)
     assert proc.returncode == 1, fail_with(proc, "slurm submit with rank 1 crashing")
-    assert (_sif_mounts(), _left_dirs()) == before, "a failed Slurm job left its SIF mounted"
+    prefix = re.search(r"for m in (/tmp/envport-sif-[0-9a-f]+-)\*", Path(json.loads(proc.stdout)["script_path"]).read_text())
+    assert prefix and _left(prefix.group(1)) == [], "a failed Slurm job left its SIF mounted"
 
 
 BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
 
 
 def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
-    before = (_sif_mounts(), _left_dirs())
     proc = subprocess.Popen(
         [sys.executable, "-m", "envport", "-C", str(demo_sif.root), "slurm", "submit", ENV_NAME, "--cluster",
          "local", "--target", "apptainer", "--check", "collectives", "--json", "--no-ledger"],
@@ -255,8 +289,10 @@ def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
     reader.start()
     try:
         # Both ranks' tasks have mounted the SIF and the job's log says the dist witness began.
-        job = _wait_for("running job with both ranks mounted", lambda: len(_sif_mounts()) >= len(before[0]) + 2 and next(
+        job = _wait_for("the dist witness's start", lambda: next(
             (m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err))) if m), ""), proc)
+        prefix = _job_prefix(job)
+        _wait_for("both ranks' mounts", lambda: len(_mounts(prefix)) >= 2, proc)
         subprocess.run(["scancel", job], check=True, timeout=30)
         stdout, _ = proc.communicate(timeout=120)
     finally:
@@ -265,4 +301,4 @@ def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
     reader.join(timeout=30)
     out = json.loads(stdout)
     assert proc.returncode == 1 and out["state"] == "CANCELLED", (out, "".join(err))
-    _wait_for("no mount of the cancelled job", lambda: (_sif_mounts(), _left_dirs()) == before, timeout=60)
+    _wait_for("no mount of the cancelled job", lambda: _left(prefix) == [], timeout=60)

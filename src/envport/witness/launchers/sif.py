@@ -3,10 +3,10 @@ installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engi
 
 - a witness run on this host (`envport witness`: `run_witnesses` holds the
   launcher's `session()`): the SIF is mounted ONCE, at
-  `/tmp/envport-sif-<run>-XXXXXX`, and every call runs `ch-run` on that mount,
-  so torch's libraries are read through FUSE and decompressed once per run,
-  not once per call (bench/bench_sif.py: 2.13x docker's time with a mount per
-  call). Unmounted and removed at the end, also on an error, Ctrl-C or SIGTERM
+  `$TMPDIR/envport-sif-<run>-XXXXXX` (/tmp without TMPDIR), and every call
+  runs `ch-run` on that mount, so torch's libraries are read through FUSE
+  and decompressed once per run, not once per call (bench/bench_sif.py:
+  2.13x docker's time with a mount per call). Unmounted and removed at the end, also on an error, Ctrl-C or SIGTERM
   (turned into an interrupt while the mount is held); a SIGKILLed envport
   leaves nothing either (engines/sif_run.py `mounted`: the holder dies with
   it, auto_unmount).
@@ -108,7 +108,7 @@ class SifLauncher(Launcher):
         if self.runtime == "apptainer" or self._mnt is not None:
             yield
             return
-        with sigterm_interrupts(), sif_run.mounted(self.sif, prefix=f"{self.prefix}-", parent="/tmp") as mnt:
+        with sigterm_interrupts(), sif_run.mounted(self.sif, prefix=f"{self.prefix}-") as mnt:
             self._mnt = str(mnt)
             try:
                 yield
