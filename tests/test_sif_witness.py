@@ -30,6 +30,26 @@ def _mounts(where: str) -> list[str]:
         return sorted(ln.split()[4] for ln in fh if ln.split()[4].startswith(where))
 
 
+def _fstype(mountpoint: str) -> str:
+    with open("/proc/self/mountinfo") as fh:
+        return next(ln.split(" - ")[1].split()[0] for ln in fh if ln.split()[4] == mountpoint)
+
+
+# How a run mounts the SIF: the kernel's loop mount as root (what apptainer does as root), squashfuse
+# unprivileged (forced here with ENVPORT_SIF_MOUNT=squashfuse); the tests below that take `mount_kind` run both.
+MOUNT_KINDS = {"kernel": "squashfs", "squashfuse": "fuse.squashfuse"}
+
+
+@pytest.fixture(params=sorted(MOUNT_KINDS))
+def mount_kind(request, monkeypatch) -> str:
+    import os
+
+    if request.param == "kernel" and os.geteuid() != 0:
+        pytest.skip("the kernel's loop mount of a SIF needs root")
+    monkeypatch.setenv("ENVPORT_SIF_MOUNT", request.param)
+    return request.param
+
+
 def _left(where: str) -> list[str]:
     """Mount points and directories left at paths starting with WHERE (a test's own TMPDIR + the mount
     prefix, or one launcher's or job's /tmp prefix): only this test's, whatever else runs on the host."""
@@ -162,7 +182,8 @@ def own_tmp(tmp_path: Path, monkeypatch) -> Path:
     return tmp
 
 
-def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_path: Path, own_tmp: Path):
+def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_path: Path, own_tmp: Path,
+                                                       mount_kind: str):
     from envport.witness.launchers.sif import SifLauncher
 
     launcher = SifLauncher(tiny_sif.path, witness_dir=_stall_scripts(tmp_path))
@@ -171,6 +192,7 @@ def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_pa
     with launcher.session():
         held = _left(where)
         assert len(held) == 1 and _mounts(where) == held, held
+        assert _fstype(held[0]).startswith(MOUNT_KINDS[mount_kind]), _fstype(held[0])
         inv = launcher.invocation("where.py", [], {})
         assert held[0] in inv.argv and "squashfuse" not in " ".join(inv.argv), inv.argv
         devs = []
@@ -201,7 +223,7 @@ def test_an_error_inside_the_run_still_unmounts(tiny_sif: BuiltSif, tmp_path: Pa
 
 
 def test_weights_and_witness_folder_are_read_only_inside_the_sif(demo_sif: BuiltSif, tmp_path: Path,
-                                                                 own_tmp: Path):
+                                                                 own_tmp: Path, mount_kind: str):
     from envport.witness.launchers.sif import SifLauncher
 
     weights = tmp_path / "weights"
@@ -234,18 +256,20 @@ def _mount_holder(sif: Path, parent: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, str(sif), str(parent)], stdout=subprocess.PIPE, text=True)
 
 
-def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif, tmp_path: Path):
+def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif, tmp_path: Path, mount_kind: str):
     where = f"{tmp_path}/envport-sif-"
     proc = _mount_holder(tiny_sif.path, tmp_path)
     try:
         mnt = proc.stdout.readline().strip()
         assert mnt.startswith(where) and _left(where) == [mnt], (mnt, _left(where))
+        assert _fstype(mnt).startswith(MOUNT_KINDS[mount_kind]), _fstype(mnt)
         proc.kill()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    # The holder dies with its parent and stops squashfuse, which unmounts; then it removes the directory.
+    # The holder dies with its parent: it unmounts (the kernel's mount) or stops squashfuse, which unmounts;
+    # then it removes the directory.
     _wait_for("unmount after SIGKILL", lambda: _left(where) == [], timeout=30)
 
 

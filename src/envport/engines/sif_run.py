@@ -1,8 +1,12 @@
 """Run commands inside a SIF: `apptainer exec` where apptainer is installed, else Charliecloud's
 `ch-run` on the SIF's squashfs partition mounted with squashfuse (RECIPES.md, measured).
 
-- mount: `squashfuse_ll -f -o offset=N,auto_unmount FILE MNT` (N: the primary
-  partition's offset; what apptainer's own unprivileged mount does;
+- mount, as root: `mount -t squashfs -o ro,loop,offset=N FILE MNT` (N: the
+  primary partition's offset), what apptainer itself does as root: no FUSE
+  round trip per open (bench/bench_sif.py: the witness suite ~1.2x faster);
+  squashfuse where it fails (no loop device) or ENVPORT_SIF_MOUNT=squashfuse;
+- mount, unprivileged: `squashfuse_ll -f -o offset=N,auto_unmount FILE MNT`
+  (what apptainer's own unprivileged mount does;
   squashfuse_ll, the low-level one from the same Debian package, where it is
   installed, else squashfuse), held by a small bash process for as long as
   the caller needs it (`mounted`): one mount serves a whole verify session or
@@ -11,7 +15,8 @@
   directory. A SIGKILLed envport still leaves nothing: the holder dies with
   its parent (PR_SET_PDEATHSIG) and stops squashfuse, which unmounts, and
   `auto_unmount` (fusermount3 watching the FUSE connection) unmounts even a
-  SIGKILLed squashfuse;
+  SIGKILLed squashfuse (the kernel's mount has no auto_unmount: its holder
+  unmounts when envport dies; only a SIGKILL of the holder itself leaves it);
 - exec: `ch-run --unset-env='*' --set-env=... [-b SRC:DST] MNT --
   /.singularity.d/actions/exec CMD...`: the image's env scripts are sourced in
   name order by the SIF's own exec action, as apptainer's do; the host
@@ -54,17 +59,32 @@ SQUASHFUSE = ("squashfuse_ll", "squashfuse")
 MOUNT_TIMEOUT_S = 30.0
 
 # Holds one mount: $1 squashfuse, $2 its -o options, $3 the SIF, $4 the mount point. Runs squashfuse
-# in the foreground; a TERM/INT/HUP (or its parent's death: PR_SET_PDEATHSIG) stops squashfuse, which
-# unmounts; once squashfuse is gone (unmounted by the caller, signalled or killed: auto_unmount) the
-# mount point is removed.
+# in the foreground; a TERM/INT/HUP (trapped before anything is mounted; or its parent's death:
+# PR_SET_PDEATHSIG) stops squashfuse, which unmounts; once squashfuse is gone (unmounted by the caller,
+# signalled or killed: auto_unmount) the mount point is removed.
 HOLDER = r"""set -u
+pid=
+trap 'stopping=1; [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null' TERM INT HUP
 "$1" -f -o "$2" "$3" "$4" &
 pid=$!
-trap 'kill -TERM "$pid" 2>/dev/null' TERM INT HUP
+[ -z "${stopping-}" ] || kill -TERM "$pid" 2>/dev/null
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
 n=0
 until rmdir "$4" 2>/dev/null || [ ! -d "$4" ]; do n=$((n+1)); [ "$n" -lt 200 ] || exit 1; sleep 0.05; done
 """
+# The same for the kernel's loop mount (root): $1 offset, $2 the SIF, $3 the mount point. A TERM/INT/HUP (or
+# its parent's death) unmounts (lazily when busy) and removes the mount point.
+KERNEL_HOLDER = r"""set -u
+pid= mnt=$3
+stop() { [ -z "$pid" ] || kill "$pid" 2>/dev/null; umount "$mnt" 2>/dev/null || umount -l "$mnt"; rmdir "$mnt"; exit 0; }
+trap stop TERM INT HUP
+mount -t squashfs -o "ro,loop,offset=$1" "$2" "$mnt" || exit 3
+sleep infinity &
+pid=$!
+wait "$pid"
+stop
+"""
+MOUNT_ENV = "ENVPORT_SIF_MOUNT"
 
 
 def apptainer() -> Optional[str]:
@@ -130,47 +150,76 @@ def unmount(mountpoint: Path) -> None:
         subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=60)
 
 
+def mount_kind() -> str:
+    """'kernel' as root: a read-only loop mount of the squashfs, what apptainer itself does as root (no
+    FUSE round trip per open: bench/bench_sif.py); else, or with ENVPORT_SIF_MOUNT=squashfuse, 'squashfuse'."""
+    if os.geteuid() == 0 and os.environ.get(MOUNT_ENV) != "squashfuse" and shutil.which("mount"):
+        return "kernel"
+    return "squashfuse"
+
+
 @contextlib.contextmanager
 def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None) -> Iterator[Path]:
     """SIF's primary partition mounted read-only at a fresh directory (PREFIX + random, in PARENT or the
-    temp dir) for the duration; unmounted and removed afterwards, whatever happened (MountError when the
-    mount fails)."""
+    temp dir) for the duration (`mount_kind`; squashfuse where the kernel's mount fails, e.g. no loop
+    device); unmounted and removed afterwards, whatever happened (MountError when no mount works)."""
     sif = Path(sif).absolute()
     offset = partition_offset(sif)
     mnt = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    err = tempfile.TemporaryFile()
-    holder = subprocess.Popen(["bash", "-c", HOLDER, "envport-sif-mount", squashfuse(),
-                               f"offset={offset},auto_unmount", str(sif), str(mnt)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                              start_new_session=True, preexec_fn=_die_with_parent)
+    kinds = ["kernel", "squashfuse"] if mount_kind() == "kernel" else ["squashfuse"]
+    holder, kind = None, ""
     try:
+        for n, kind in enumerate(kinds):
+            try:
+                holder = _hold(kind, sif, offset, mnt)
+                break
+            except MountError:
+                if n == len(kinds) - 1:
+                    raise
+        yield mnt
+    finally:
+        _release(mnt, holder, kind)
+
+
+def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
+    """Start the holder of one mount of KIND and wait until MNT is mounted (MountError with its words)."""
+    argv = ["bash", "-c", KERNEL_HOLDER, "envport-sif-mount", str(offset), str(sif), str(mnt)] if kind == "kernel" \
+        else ["bash", "-c", HOLDER, "envport-sif-mount", squashfuse(), f"offset={offset},auto_unmount", str(sif),
+              str(mnt)]
+    tool = "mount -t squashfs -o loop" if kind == "kernel" else squashfuse()
+    with tempfile.TemporaryFile() as err:
+        holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                  start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not is_mounted(mnt):
             if holder.poll() is not None or time.monotonic() > deadline:
+                if holder.poll() is None:
+                    holder.kill()
+                holder.wait()
                 err.seek(0)
                 said = err.read().decode(errors="replace").strip()
-                raise MountError(f"{squashfuse()} of {sif} at {mnt} failed"
+                raise MountError(f"{tool} of {sif} at {mnt} failed"
                                  + (f": {said}" if said else f" (not mounted after {MOUNT_TIMEOUT_S:.0f}s)"))
             time.sleep(0.02)
-        yield mnt
-    finally:
-        _release(mnt, holder)
-        err.close()
+    return holder
 
 
-def _release(mnt: Path, holder: subprocess.Popen) -> None:
+def _release(mnt: Path, holder: Optional[subprocess.Popen], kind: str) -> None:
     """Unmount MNT, let its holder remove the directory; a holder that does not end is stopped."""
-    if is_mounted(mnt):
-        unmount(mnt)
-    try:
-        holder.wait(timeout=MOUNT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        holder.terminate()
+    if holder is not None and kind == "kernel":
+        holder.terminate()  # its trap unmounts and removes the directory
+    elif is_mounted(mnt):
+        unmount(mnt)  # squashfuse then exits, and its holder removes the directory
+    if holder is not None:
         try:
-            holder.wait(timeout=10)
+            holder.wait(timeout=MOUNT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            holder.kill()
-            holder.wait()
+            holder.terminate()
+            try:
+                holder.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.wait()
     if is_mounted(mnt):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
     with contextlib.suppress(OSError):
