@@ -1,6 +1,7 @@
 """SIF build, present, witness and compression costs, measured side by side in one run.
 
-    python bench/bench_sif.py [--spec demo-cpu] [--skip-build] [--json bench/results/sif.json]
+    python bench/bench_sif.py [--spec demo-cpu] [--parts build,present,witness] [--project DIR]
+                              [--repeat N] [--sif FILE] [--image TAG] [--json bench/results/sif.json]
 
 (a) `envport build demo-cpu --target apptainer --rebuild` with envport's .def
     builder, its phases as the build reports them; envport's own assembly
@@ -9,20 +10,30 @@
 (b) a no-op build of the present SIF: the builder call and the whole CLI
     process (goal <= 0.1 s);
 (c) the witness suite inside the SIF (ch-run, or apptainer where installed)
-    against the same suite in docker (goal <= 1.0x), when the docker image
-    of the same hash exists;
+    against the same suite in docker (goal <= 1.0x), each `envport witness`
+    run as a whole CLI process, SIF and docker alternating --repeat times
+    (default 3): the ratio of their medians (and of their minima, less
+    moved by other load on the host); as root the SIF runs on the kernel's
+    loop mount and, in the same rounds, on squashfuse. The SIF and the docker image are
+    built first where they are not present (docker: --target docker), or
+    given (--sif, --image: the same env's);
 (d) mksquashfs -comp gzip vs -comp zstd of that rootfs: seconds and MiB.
 
-Runs in a throwaway copy of the project; needs root, the docker engine with
-envport/debian-bookworm:base, bwrap, squashfs-tools, squashfuse, ch-run.
+--parts picks some of (a)+(d) "build", (b) "present", (c) "witness"; the
+results of parts not run are kept from --json's file. Runs in a throwaway
+copy of the project, or in --project DIR (its envs reused: a present SIF
+is not rebuilt unless "build" is asked for). Needs root, the docker engine
+with envport/debian-bookworm:base, bwrap, squashfs-tools, squashfuse, ch-run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,10 +43,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def envport(*args: str, root: Path, timeout: float = 3600) -> tuple[float, subprocess.CompletedProcess]:
+def envport(*args: str, root: Path, timeout: float = 3600,
+            env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(root), *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "ENVPORT_SIF_BUILDER": "envport"})
+                          text=True, timeout=timeout, env={**os.environ, "ENVPORT_SIF_BUILDER": "envport", **(env or {})})
     return time.monotonic() - t0, proc
 
 
@@ -49,74 +61,162 @@ def squash(rootfs: Path, out: Path, comp: str) -> tuple[float, float]:
     return seconds, size
 
 
+PARTS = ("build", "present", "witness")
+
+
+def built(spec: str, target: str, root: Path, rebuild: bool = False) -> tuple[float, dict]:
+    """`envport build SPEC --target TARGET --json` (present or built); its seconds and last step."""
+    seconds, proc = envport("build", spec, "--target", target, "--json", *(["--rebuild"] if rebuild else []),
+                            root=root)
+    if proc.returncode != 0:
+        raise SystemExit(f"envport build {spec} --target {target} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return seconds, json.loads(proc.stdout)["steps"][-1]
+
+
+def bench_build(spec: str, root: Path) -> dict:
+    """(a) and (d): the build with its phases, then bare mksquashfs gzip and zstd of the same rootfs."""
+    _, last = built(spec, "apptainer", root, rebuild=True)
+    timings, sif = last["data"]["timings"], Path(last["data"]["sif"])
+    own = last["seconds"] - timings["bootstrap"] - timings["post"] - timings["mksquashfs"]
+    shm = Path("/dev/shm") if shutil.disk_usage("/dev/shm").free > 8 << 30 else root
+    rootfs = Path(tempfile.mkdtemp(prefix="envport-bench-rootfs-", dir=shm)) / "r"
+    from envport.engines.sif_run import partition_offset
+
+    subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-o", str(partition_offset(sif)), "-d", str(rootfs),
+                    str(sif)], check=True, capture_output=True)
+    try:
+        gzip_s, gzip_mib = squash(rootfs, root / "g.sqfs", "gzip")
+        zstd_s, zstd_mib = squash(rootfs, root / "z.sqfs", "zstd")
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(rootfs.parent)])
+    return {"build": {"total_s": round(last["seconds"], 2), **timings, "envport_assembly_s": round(own, 2),
+                      "bare_mksquashfs_gzip_s": round(gzip_s, 2),
+                      "assembly_over_mksquashfs": round(own / gzip_s, 3)},
+            "compression": {"gzip": {"s": round(gzip_s, 2), "MiB": round(gzip_mib, 1)},
+                            "zstd": {"s": round(zstd_s, 2), "MiB": round(zstd_mib, 1)}}}
+
+
+def bench_present(spec: str, root: Path) -> dict:
+    """(b): a no-op build of the present SIF, the builder call in-process and the whole CLI."""
+    built(spec, "apptainer", root)
+    sys.path.insert(0, str(REPO / "src"))
+    from envport.build.apptainer import builder
+    from envport.core.progress import quiet
+    from envport.plan.site import load_site
+    from envport.spec.loader import load_spec
+
+    loaded, site = load_spec(spec, root), load_site(None, root)
+    t0 = time.monotonic()
+    res = builder.build(loaded, site, root, progress=quiet)
+    call_s = time.monotonic() - t0
+    cli_s, _ = envport("build", spec, "--target", "apptainer", root=root)
+    return {"present": {"verdict": res[-1].verdict.value, "builder_call_s": round(call_s, 4),
+                        "cli_process_s": round(cli_s, 3)}}
+
+
+def bench_witness(spec: str, root: Path, repeat: int, sif: str | None = None, image: str | None = None) -> dict:
+    """(c): `envport witness` in the SIF and in docker, alternating; medians and their ratio. As root the
+    SIF runs twice a round: on the kernel's loop mount (the default there) and on squashfuse (the
+    unprivileged route, ENVPORT_SIF_MOUNT=squashfuse): "witness" and "witness_squashfuse"."""
+    from envport.engines import sif_run
+
+    sif = sif or built(spec, "apptainer", root)[1]["data"]["sif"]
+    image = image or built(spec, "docker", root)[1]["data"]["image"]
+    runs = {"sif": (["--target", "apptainer", "--sif", sif], {})}
+    if sif_run.runtime() == "ch-run" and sif_run.mount_kind() == "kernel":
+        runs["squashfuse"] = (runs["sif"][0], {"ENVPORT_SIF_MOUNT": "squashfuse"})
+    runs["docker"] = (["--target", "docker", "--image", image], {})
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    rcs: dict[str, list[int]] = {k: [] for k in runs}
+    for _ in range(repeat):
+        for kind, (extra, env) in runs.items():
+            seconds, proc = envport("witness", spec, *extra, "--no-ledger", root=root, env=env)
+            if proc.returncode != 0:
+                print(f"witness in {kind} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            times[kind].append(round(seconds, 2))
+            rcs[kind].append(proc.returncode)
+    load = round(os.getloadavg()[0], 2)
+    dock_s = statistics.median(times["docker"])
+    out = {}
+    for kind in runs:
+        if kind == "docker":
+            continue
+        mount = "squashfuse" if kind == "squashfuse" else sif_run.mount_kind()
+        how = "kernel squashfs" if mount == "kernel" else sif_run.squashfuse()
+        ok = set(rcs[kind]) == {0} and set(rcs["docker"]) == {0}
+        sif_s = statistics.median(times[kind])
+        out["witness" if kind == "sif" else "witness_squashfuse"] = {
+            "runtime": sif_run.runtime() + ("" if sif_run.runtime() == "apptainer" else f" ({how}, one mount per run)"),
+            "sif_s": sif_s, "docker_s": dock_s, "sif_runs_s": times[kind], "docker_runs_s": times["docker"],
+            "sif_rc": max(rcs[kind]), "docker_rc": max(rcs["docker"]), "load_1min_after": load,
+            "ratio": round(sif_s / dock_s, 3) if ok else None,
+            "ratio_of_minima": round(min(times[kind]) / min(times["docker"]), 3) if ok else None}
+    return out
+
+
+def report(out: dict, parts: list[str]) -> None:
+    if "build" in parts:
+        b, c = out["build"], out["compression"]
+        print(f"(a) SIF build {b['total_s']:.1f}s: bootstrap {b['bootstrap']:.1f}s, %post {b['post']:.1f}s, "
+              f"mksquashfs {b['mksquashfs']:.1f}s, envport's own assembly {b['envport_assembly_s']:.1f}s; "
+              f"bare mksquashfs of the same rootfs {b['bare_mksquashfs_gzip_s']:.1f}s: assembly adds "
+              f"{100 * b['assembly_over_mksquashfs']:.1f} % (goal <= 10 %)")
+    if "present" in parts:
+        p = out["present"]
+        print(f"(b) present: builder call {p['builder_call_s']:.3f}s, whole CLI {p['cli_process_s']:.3f}s "
+              f"(goal <= 0.1 s) [{p['verdict']}]")
+    for key in ("witness", "witness_squashfuse"):
+        if "witness" not in parts or key not in out:
+            continue
+        w = out[key]
+        ratio = f"{w['ratio']:.2f}x" if w["ratio"] is not None else "n/a (a witness run failed)"
+        minima = f", of the minima {w['ratio_of_minima']:.2f}x" if w["ratio_of_minima"] is not None else ""
+        print(f"(c) witnesses ({w['runtime']}): SIF median {w['sif_s']:.1f}s {w['sif_runs_s']}, docker median "
+              f"{w['docker_s']:.1f}s {w['docker_runs_s']}: {ratio}{minima} (goal <= 1.0x; load "
+              f"{w['load_1min_after']})")
+    if "build" in parts:
+        c = out["compression"]
+        print(f"(d) gzip {c['gzip']['s']:.1f}s {c['gzip']['MiB']:.0f} MiB; zstd {c['zstd']['s']:.1f}s "
+              f"{c['zstd']['MiB']:.0f} MiB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default="demo-cpu")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    ap.add_argument("--project", default=None, help="run in this project (default: a throwaway copy)")
+    ap.add_argument("--repeat", type=int, default=3, help="witness runs per target, alternating")
+    ap.add_argument("--sif", default=None, help="witness: this SIF (default: the spec's, built where absent)")
+    ap.add_argument("--image", default=None, help="witness: this docker image (default: the spec's, built where absent)")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "sif.json"))
     args = ap.parse_args()
-    out: dict = {"spec": args.spec}
-    with tempfile.TemporaryDirectory(prefix="envport-bench-sif-") as tmp:
-        root = Path(tmp)
-        for d in ("specs", "sites", "images"):
-            shutil.copytree(REPO / d, root / d)
-        # (a) the build, then a bare mksquashfs of the same rootfs (unpacked from the SIF's partition)
-        seconds, proc = envport("build", args.spec, "--target", "apptainer", "--rebuild", "--json", root=root)
-        if proc.returncode != 0:
-            print(proc.stdout[-3000:], proc.stderr[-3000:])
-            return 1
-        last = json.loads(proc.stdout)["steps"][-1]
-        timings, sif = last["data"]["timings"], Path(last["data"]["sif"])
-        own = last["seconds"] - timings["bootstrap"] - timings["post"] - timings["mksquashfs"]
-        shm = Path("/dev/shm") if shutil.disk_usage("/dev/shm").free > 8 << 30 else root
-        rootfs = Path(tempfile.mkdtemp(prefix="envport-bench-rootfs-", dir=shm)) / "r"
-        from envport.engines.sif_run import partition_offset
-
-        subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-o", str(partition_offset(sif)), "-d", str(rootfs),
-                        str(sif)], check=True, capture_output=True)
-        try:
-            gzip_s, gzip_mib = squash(rootfs, root / "g.sqfs", "gzip")
-            zstd_s, zstd_mib = squash(rootfs, root / "z.sqfs", "zstd")
-        finally:
-            subprocess.run(["rm", "-rf", "--one-file-system", str(rootfs.parent)])
-        out["build"] = {"total_s": round(last["seconds"], 2), **timings, "envport_assembly_s": round(own, 2),
-                        "bare_mksquashfs_gzip_s": round(gzip_s, 2),
-                        "assembly_over_mksquashfs": round(own / gzip_s, 3)}
-        out["compression"] = {"gzip": {"s": round(gzip_s, 2), "MiB": round(gzip_mib, 1)},
-                              "zstd": {"s": round(zstd_s, 2), "MiB": round(zstd_mib, 1)}}
-        # (b) no-op present: in-process builder call and the whole CLI
-        sys.path.insert(0, str(REPO / "src"))
-        from envport.build.apptainer import builder
-        from envport.core.progress import quiet
-        from envport.plan.site import load_site
-        from envport.spec.loader import load_spec
-
-        loaded, site = load_spec(args.spec, root), load_site(None, root)
-        t0 = time.monotonic()
-        res = builder.build(loaded, site, root, progress=quiet)
-        call_s = time.monotonic() - t0
-        cli_s, proc = envport("build", args.spec, "--target", "apptainer", root=root)
-        out["present"] = {"verdict": res[-1].verdict.value, "builder_call_s": round(call_s, 4),
-                          "cli_process_s": round(cli_s, 3)}
-        # (c) witnesses in the SIF vs docker
-        sif_s, proc = envport("witness", args.spec, "--target", "apptainer", "--no-ledger", root=root)
-        dock_s, dproc = envport("witness", args.spec, "--target", "docker", "--no-ledger", root=root)
-        out["witness"] = {"sif_s": round(sif_s, 2), "sif_rc": proc.returncode, "docker_s": round(dock_s, 2),
-                          "docker_rc": dproc.returncode,
-                          "ratio": round(sif_s / dock_s, 3) if dproc.returncode == 0 else None}
-    b, c, p, w = out["build"], out["compression"], out["present"], out["witness"]
-    print(f"(a) SIF build {b['total_s']:.1f}s: bootstrap {b['bootstrap']:.1f}s, %post {b['post']:.1f}s, "
-          f"mksquashfs {b['mksquashfs']:.1f}s, envport's own assembly {b['envport_assembly_s']:.1f}s; "
-          f"bare mksquashfs of the same rootfs {b['bare_mksquashfs_gzip_s']:.1f}s: assembly adds "
-          f"{100 * b['assembly_over_mksquashfs']:.1f} % (goal <= 10 %)")
-    print(f"(b) present: builder call {p['builder_call_s']:.3f}s, whole CLI {p['cli_process_s']:.3f}s "
-          f"(goal <= 0.1 s) [{p['verdict']}]")
-    ratio = f"{w['ratio']:.2f}x" if w["ratio"] is not None else "n/a (docker witness failed or image absent)"
-    print(f"(c) witnesses: SIF {w['sif_s']:.1f}s (rc {w['sif_rc']}), docker {w['docker_s']:.1f}s "
-          f"(rc {w['docker_rc']}): {ratio} (goal <= 1.0x)")
-    print(f"(d) gzip {c['gzip']['s']:.1f}s {c['gzip']['MiB']:.0f} MiB; zstd {c['zstd']['s']:.1f}s "
-          f"{c['zstd']['MiB']:.0f} MiB")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    path = Path(args.json)
+    out: dict = json.loads(path.read_text()) if path.is_file() else {}
+    out["spec"] = args.spec
+    with contextlib.ExitStack() as stack:
+        if args.project:
+            root = Path(args.project).absolute()
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="envport-bench-sif-")))
+            for d in ("specs", "sites", "images"):
+                shutil.copytree(REPO / d, root / d)
+            (root / ".cache").mkdir()
+            wheelhouse = REPO / ".cache" / "wheelhouse"
+            if wheelhouse.is_dir():
+                (root / ".cache" / "wheelhouse").symlink_to(wheelhouse)
+        if "build" in parts:
+            out.update(bench_build(args.spec, root))
+        if "present" in parts:
+            out.update(bench_present(args.spec, root))
+        if "witness" in parts:
+            out.update(bench_witness(args.spec, root, args.repeat, args.sif, args.image))
+    report(out, parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     return 0
 
 

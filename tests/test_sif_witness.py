@@ -204,7 +204,7 @@ def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_pa
         assert _left(f"{own_tmp}/") == held and _left(f"/tmp/{launcher.prefix}-") == [], \
             "a call mounted the SIF again"
         # A timed-out call inside the run is stopped; the run's mount stays until the run ends.
-        stalled = launcher.run("stall.py", [], {}, deadline_s=10)
+        stalled = launcher.run("stall.py", [], {}, deadline_s=5)
         assert stalled.timed_out and "stalling" in stalled.output, stalled.output
         assert _left(where) == held
     assert _left(where) == [], "the run's mount (or its directory) was left behind"
