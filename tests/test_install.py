@@ -19,10 +19,12 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 import venv
 from pathlib import Path
 
 import pytest
+import yaml
 
 from envport.spec.loader import all_spec_names, load_spec
 from envport.recipe.render import KEPT_FILES, render_spec
@@ -119,8 +121,15 @@ def test_installed_render_check_passes_on_the_committed_images_and_names_a_drift
 
 
 def test_a_missing_build_extra_is_named_not_mistaken_for_a_stopped_engine(installed):
-    """Installed without `[build]` (no docker SDK): REFUSED missing_extra with the pip command."""
+    """Installed without `[build]` (no docker SDK): REFUSED missing_extra with the pip command.
+
+    An image already in the engine is answered `present` from one socket request, without the SDK; so the
+    spec gets an env var no other test uses, and its image is certainly one that has to be built."""
     shutil.copytree(REPO / "sites", installed["project"] / "sites", dirs_exist_ok=True)
+    spec_file = installed["project"] / "specs" / "demo-cpu.yaml"
+    data = yaml.safe_load(spec_file.read_text())
+    data["env"]["NEVER_BUILT_MARK"] = uuid.uuid4().hex
+    spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
     proc = subprocess.run([str(installed["bin"] / "envport"), "build", "demo-cpu", "--target", "docker", "--json"],
                           cwd=installed["project"], env=installed["env"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stdout + proc.stderr
