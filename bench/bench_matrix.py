@@ -1,10 +1,10 @@
 """`envport matrix --run --jobs 2` against the same pairs run one after another, side by side in one run.
 
-    python bench/bench_matrix.py [--env demo-cpu] [--targets venv,docker,ssh] [--rounds 1]
+    python bench/bench_matrix.py [--env demo-cpu] [--targets venv,docker,ssh,apptainer] [--rounds 1]
                                  [--json bench/results/matrix.json]
 
-The pairs (default demo-cpu on venv, docker and venv over SSH: the cheap ones
-here) are first brought up once, unmeasured, so every measured run finds each
+The pairs (default demo-cpu on venv, docker, venv over SSH and apptainer: the pairs
+CI's matrix runs) are first brought up once, unmeasured, so every measured run finds each
 env present and does the same work: preflight, weights, verify and the
 witness suite per pair. Then, per round, `--jobs 1` (one after another) and
 `--jobs 2` (docker pairs still one at a time) in ABBA order across rounds, and
@@ -51,7 +51,7 @@ def matrix(root: Path, env: dict, name: str, targets: str, jobs: int, tag: str) 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="demo-cpu")
-    ap.add_argument("--targets", default="venv,docker,ssh")
+    ap.add_argument("--targets", default="venv,docker,ssh,apptainer")
     ap.add_argument("--rounds", type=int, default=1, help="pairs of measured runs, ABBA order (default 1)")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "matrix.json"))
     args = ap.parse_args()
