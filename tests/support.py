@@ -17,6 +17,7 @@ import fcntl
 import functools
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -232,3 +233,11 @@ def torch_python() -> str:
     if python is None:
         missing(why)
     return python
+
+
+BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
+
+
+def begun_job(err_lines: list[str]) -> str:
+    """The job id from `envport slurm submit`'s stderr once the dist witness has begun, else ""."""
+    return next((m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err_lines))) if m), "")

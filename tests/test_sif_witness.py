@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from .sif_fixtures import BuiltSif, sif_env
-from .support import ENV_NAME, as_json, fail_with, run_envport
+from .support import ENV_NAME, as_json, begun_job, fail_with, run_envport
 
 pytest_plugins = ["tests.sif_fixtures"]
 
@@ -299,9 +299,6 @@ def test_a_failing_slurm_job_leaves_no_mount(demo_sif: BuiltSif, slurm):
     assert prefix and _left(prefix.group(1)) == [], "a failed Slurm job left its SIF mounted"
 
 
-BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
-
-
 def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
     proc = subprocess.Popen(
         [sys.executable, "-m", "envport", "-C", str(demo_sif.root), "slurm", "submit", ENV_NAME, "--cluster",
@@ -313,8 +310,7 @@ def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
     reader.start()
     try:
         # Both ranks' tasks have mounted the SIF and the job's log says the dist witness began.
-        job = _wait_for("the dist witness's start", lambda: next(
-            (m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err))) if m), ""), proc)
+        job = _wait_for("the dist witness's start", lambda: begun_job(err), proc)
         prefix = _job_prefix(job)
         _wait_for("both ranks' mounts", lambda: len(_mounts(prefix)) >= 2, proc)
         subprocess.run(["scancel", job], check=True, timeout=30)

@@ -10,7 +10,6 @@ of a docker witness leaves no container.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import yaml
 from envport.witness import slurm_job as envport_slurm
 from envport.core.errors import SpecError
 
-from .support import ENV_NAME, cli_env, copy_tracked, fail_with, run_envport
+from .support import ENV_NAME, begun_job, cli_env, copy_tracked, fail_with, run_envport
 
 
 def write_profile(root: Path, name: str, cache_dir: Path, **fields) -> str:
@@ -217,7 +216,6 @@ def _job_containers(job: str, *status: str) -> list[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.split()
 
 
-BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
 
 
 def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, session_project, jobs_dir):
@@ -243,7 +241,7 @@ def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, session_p
         while not job or len(_job_containers(job, "running")) < 2:
             assert proc.poll() is None, f"submit ended before the witness was cancelled:\n{''.join(err)}"
             assert time.monotonic() < deadline, f"the witness never got going in 180s:\n{''.join(err)}"
-            job = next((m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err))) if m), "")
+            job = begun_job(err)
             time.sleep(0.5)
         assert set(_job_containers(job)) >= {f"envport-{ENV_NAME}-{job}-0", f"envport-{ENV_NAME}-{job}-1"}
         subprocess.run(["scancel", job], check=True, timeout=30)
