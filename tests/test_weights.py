@@ -1,4 +1,4 @@
-"""`envport weights verify|fetch`: pinned files checked deep, fetched only by the spec's own `source`,
+"""`envport weights verify|fetch`: pinned files checked deep (a progress line while a large one is hashed), fetched only by the spec's own `source`,
 never deleted, a gated weight's token passed to the command and written nowhere.
 
 Real files and real `source` commands (demo-cpu's seeded weight script, small shell commands) in a
@@ -144,3 +144,20 @@ def test_gated_token_reaches_the_command_and_nothing_envport_writes(project, wro
     for p in written + [project / "specs" / f"{name}.yaml"]:
         assert token.encode() not in p.read_bytes(), p
     assert os.environ.get("ENVPORT_TEST_TOKEN") != token
+
+
+def test_a_large_file_prints_a_progress_line_while_it_is_hashed(tmp_path, monkeypatch):
+    # The threshold and chunk made small (the real ones: 256 MiB and 4 MiB), the hashing itself real.
+    from envport.build import weights
+
+    monkeypatch.setattr(weights, "PROGRESS_BYTES", 2**20)
+    monkeypatch.setattr(weights, "CHUNK", 2**19)
+    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
+    big.write_bytes(os.urandom(3 * 2**20))
+    small.write_bytes(os.urandom(2**19))
+    said: list[str] = []
+    assert weights.sha256_file(big, said.append, "tiny/big.bin") == hashlib.sha256(big.read_bytes()).hexdigest()
+    assert said == [f"envport: [weights] hashing tiny/big.bin: {n}/3 MiB" for n in (1, 2, 3)], said
+    said.clear()
+    weights.sha256_file(small, said.append, "tiny/small.bin")
+    assert said == []
