@@ -1,5 +1,6 @@
-"""`envport weights verify|fetch`: pinned files checked deep (a progress line while a large one is hashed), fetched only by the spec's own `source`,
-never deleted, a gated weight's token passed to the command and written nowhere.
+"""`envport weights verify|fetch`: pinned files checked deep (a progress line while a large one is hashed),
+fetched only by the spec's own `source`, never deleted, a gated weight's token passed to the command and
+written nowhere.
 
 Real files and real `source` commands (demo-cpu's seeded weight script, small shell commands) in a
 throwaway project and weights root; no mocks.
