@@ -119,6 +119,38 @@ def test_the_checkout_holds_no_ledger():
     assert not [p for p in tracked if p.endswith(("ledger.json", "ledger.lock"))], tracked
 
 
+def test_a_real_build_verify_and_witness_leave_the_checkout_clean(tmp_path):
+    """Issue: every build, verify and witness appended to the committed images/<name>/ledger.json, so a
+    checkout was dirty after any local run.  The real CLI, a real venv (small local wheels), the default
+    state dir ($XDG_STATE_HOME/envport): `git status` of the project stays empty, the records are there."""
+    import shutil
+
+    from .tinywheels import ShellProject, make_wheelhouse, spec_data
+
+    proj = ShellProject(tmp_path / "proj", tmp_path / "envs", make_wheelhouse(tmp_path / "wheels"))
+    (proj.root / "specs").mkdir(parents=True)
+    shutil.copytree(REPO / "sites", proj.root / "sites")
+    shutil.copy2(REPO / ".gitignore", proj.root / ".gitignore")
+    proj.write(spec_data("tiny", [["alpha==1.0"]], env={"GREETING": "hi"}))
+    env = proj.env(XDG_STATE_HOME=str(tmp_path / "xdg"))
+    env.pop(ledger.STATE_DIR_VAR, None)
+    run_envport("render", "tiny", root=proj.root, env=env, timeout=120, check=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], cwd=proj.root, check=True, capture_output=True)
+    assert (proj.root / "images" / "tiny" / "Dockerfile").is_file()
+    for args in (("build", "tiny", "--target", "venv"), ("verify", "tiny", "--target", "venv"),
+                 ("witness", "tiny", "--target", "venv", "--only", "python")):
+        run_envport(*args, root=proj.root, env=env, timeout=300, check=True)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=proj.root,
+                            capture_output=True, text=True, check=True).stdout
+    assert status == "", status
+    path = tmp_path / "xdg" / "envport" / ledger.LEDGER_SUBDIR / ledger.project_key(proj.root) / "tiny.json"
+    records = json.loads(path.read_text())["records"]
+    assert [(r["kind"], r["target"], r["verdict"]) for r in records] == [
+        ("build", "venv", "OK"), ("verify", "venv", "OK"), ("witness", "venv", "OK")], records
+
+
 def test_a_site_profile_names_where_its_ledgers_live(tmp_path, monkeypatch):
     from envport.core.verdict import StepResult, Verdict
     from envport.plan.site import load_site
