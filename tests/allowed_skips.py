@@ -35,9 +35,6 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed(tests="tests/*",
             reason=r"(?i)\b(apptainer|singularity)\b[^\n]*\bnot installed\b",
             why="the apptainer/singularity binary is not packaged for Debian 12; SIF files are checked with siftool"),
-    Allowed(tests="tests/test_docker_build.py::test_without_buildkit_*",
-            reason=r"no docker client without BuildKit",
-            why="every docker client on the CI machine has BuildKit; a legacy-only client cannot be installed"),
 )
 
 

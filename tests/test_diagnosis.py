@@ -143,7 +143,7 @@ def test_real_missing_shared_library_then_the_fix(tmp_path):
 
 def test_real_torch_asked_for_cuda_on_a_cpu_only_host():
     if shutil.which("nvidia-smi"):
-        pytest.skip("this host has nvidia-smi: the symptom needs a CPU-only host")
+        pytest.skip("this host has a GPU (nvidia-smi): the symptom needs a CPU-only host")
     out = _run([torch_python(), "-c", "import torch; torch.zeros(1).cuda()"])
     d = _verdict(out)
     assert (d.row.id, d.row.layer) == ("torch_cuda_on_cpu_host", "host") and d.row.host, out
