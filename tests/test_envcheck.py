@@ -164,3 +164,27 @@ def test_the_docker_builder_checks_pins_before_it_tags(docker_client, base_image
     proc = run_envport("build", name, "--target", "docker", "--json", root=project, env=env, timeout=900)
     assert proc.returncode == 0 and json.loads(proc.stdout)["steps"][-1]["verdict"] == "OK", proc.stdout
     assert len(tags_of(docker_client, name)) == 2  # :<hash12> and :latest
+
+
+def test_the_sif_builder_checks_pins_before_it_writes_a_sif(base_image, project, tmp_path):
+    """The same moved pin through envport's own `.def` builder: the probe runs in the rootfs after %post,
+    FAILED [pin_mismatch] naming the package, and no SIF is written (so it is never `present`)."""
+    import yaml
+
+    from .sif_fixtures import require_sif_tools
+    from .support import run_envport, unique
+
+    require_sif_tools()
+    wheels = make_wheelhouse(tmp_path / "wheels")
+    env = pip_env(wheels, tmp_path / "envs", ENVPORT_SIF_BUILDER="envport")
+    name = unique("pins-sif")
+    spec = {"name": name, "base": base_image, "python": "3.11",
+            "pip_phases": [["alpha==1.0"], ["beta==2.0"]]}  # beta 2.0 requires alpha>=2
+    (project / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    proc = run_envport("build", name, "--target", "apptainer", "--json", root=project, env=env, timeout=900)
+    out = json.loads(proc.stdout)
+    last = out["steps"][-1]
+    assert proc.returncode == 1 and last["reason"] == "pin_mismatch", proc.stdout + proc.stderr
+    assert last["detail"].startswith("alpha==1.0 (pinned by pip phase 1): alpha 2.0 won;"), last["detail"]
+    assert "%post step 5/6 pip phase 2: beta==2.0" in proc.stderr, proc.stderr  # it failed after %post ran
+    assert not list(project.rglob(f"{name}-*.sif")), "a SIF was written for a build whose pins do not hold"
