@@ -58,7 +58,9 @@ def test_json_output(project: Path, capsys):
                        "--name", "six", "--json")
     assert rc == 0, err
     data = json.loads(out)
-    assert data["command"] == "import" and data["exit_code"] == 0
+    # The envelope every command's --json starts with (docs/cli.md), then import's own keys.
+    assert list(data)[:4] == ["command", "exit_code", "steps", "problems"]
+    assert data["command"] == "import" and data["exit_code"] == 0 and data["steps"] == []
     assert data["kind"] == "dockerfile" and data["name"] == "six" and data["spec"] == "specs/six.yaml"
     assert data["written"] is True and data["dry_run"] is False and data["valid"] is True
     assert data["mapped"] == {"base": 1, "python": 1, "pip_phases": 1}
@@ -78,6 +80,23 @@ def test_json_names_fields_to_fill(tmp_path: Path, capsys):
     assert rc == 1 and data["exit_code"] == 1 and data["valid"] is False and data["written"] is True
     assert [f["field"] for f in data["fill"]] == ["base", "python"]
     assert 'base: "<fill: base image' in (tmp_path / "specs" / "six.yaml").read_text()
+
+
+def test_json_problems_have_the_envelope_shape(tmp_path: Path, capsys):
+    # A field the loader refuses (not a FILL placeholder) is a problem {file, line, field, message, fix}, as in
+    # every command's --json: an archive URL without #sha256= cannot be guessed.
+    (tmp_path / "specs").mkdir()
+    req = tmp_path / "requirements.txt"
+    req.write_text("six==1.16.0\nhttps://example.org/w/extra-1.0-py3-none-any.whl\n")
+    rc, out, _ = run(capsys, "-C", str(tmp_path), "import", str(req), "--name", "reqs", "--base", "python:3.11-slim",
+                     "--json")
+    data = json.loads(out)
+    assert rc == 1 and data["exit_code"] == 1 and data["valid"] is False and data["fill"] == []
+    [problem] = data["problems"]
+    assert set(problem) == {"file", "line", "field", "message", "fix"}
+    assert problem["file"] == "specs/reqs.yaml" and isinstance(problem["line"], int)
+    assert problem["field"] == "pip_phases[0][1]"
+    assert "must end in #sha256=" in problem["message"]
 
 
 @pytest.mark.parametrize("name,text,kind", [

@@ -71,6 +71,18 @@ def test_ten_thousand_run_lines_end_in_a_message(tmp_path: Path, kind: str):
     assert "10000 run commands, more than an env spec holds" in out
 
 
+def test_a_spec_larger_than_the_loader_reads_is_refused_not_written(tmp_path: Path):
+    # Under the run-command bound (2000) but over the spec file bound (64 KiB): a spec the loader would refuse
+    # to read is never written; the import says why.
+    path = tmp_path / "Dockerfile"
+    path.write_text("FROM debian:bookworm-slim\n" + "".join(f"RUN echo {i}\n" for i in range(1999)))
+    proc = run_import(tmp_path, path)
+    out = assert_clean(proc)
+    assert proc.returncode == 2, out
+    assert "Dockerfile: the spec would be 68 KiB, more than a spec file holds (64 KiB at most)" in out
+    assert not (tmp_path / "project" / "specs" / "hostile.yaml").exists()
+
+
 def test_many_pip_lines_still_give_a_spec(tmp_path: Path):
     # Below the run-command bound the import finishes with a spec (each pip call a phase).
     path = tmp_path / "Dockerfile"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from envport.commands._common import project_root
+from envport.core.verdict import envelope, print_json
 
 
 def register(sub) -> None:
@@ -38,8 +38,7 @@ def run(args) -> int:
                            context_dir=Path(args.context) if args.context else None, base=args.base,
                            python=args.python, dry_run=args.dry_run, force=args.force)
     if args.json:
-        data = {"command": "import", **result.as_dict(), "steps": []}
-        print(json.dumps(data, indent=2, ensure_ascii=False))
+        print_json(envelope("import", result.exit_code, problems=result.problems, **result.as_dict()))
         return result.exit_code
     if args.dry_run:
         print(result.output.text, end="")

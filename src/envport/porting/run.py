@@ -11,18 +11,22 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
+from envport.core.errors import Problem
 from envport.porting.context import BuildContext
 from envport.porting.report import REPORTED, Draft, Note
 from envport.porting.source import ImportRefused, read_text
 from envport.porting.spec_text import Output, slug, spec_text
+from envport.spec.yamlfile import MAX_BYTES
 
 KINDS = ("dockerfile", "def", "conda", "requirements", "shell")
-# A bound on what an import writes: the loader refuses specs above its own bound too.
+# Bounds on what an import writes: the loader refuses a spec file over its own bound (MAX_SPEC_BYTES),
+# so an import that would write a larger one stops with the reason instead of writing one that never loads.
 MAX_RUN_COMMANDS = 2000
+MAX_SPEC_BYTES = MAX_BYTES
 # Debian/Ubuntu releases -> their python3, for a base that names no python.
 DISTRO_PYTHON = {"bookworm": "3.11", "debian:12": "3.11", "bullseye": "3.9", "debian:11": "3.9", "trixie": "3.13",
                  "ubuntu24.04": "3.12", "ubuntu:24.04": "3.12", "noble": "3.12", "ubuntu22.04": "3.10",
@@ -37,7 +41,7 @@ class Result:
     spec_path: str  # relative to the project root
     output: Output
     notes: list[Note]
-    problems: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # what the loader refuses, besides the FILL fields
     written: bool = False
     dry_run: bool = False
     mapped: dict[str, int] = field(default_factory=dict)
@@ -51,10 +55,11 @@ class Result:
         return 0 if self.valid else 1
 
     def as_dict(self) -> dict:
-        return {"exit_code": self.exit_code, "kind": self.kind, "source": self.source, "name": self.name,
+        """The command's own --json keys (after the envelope's command, exit_code, steps, problems)."""
+        return {"kind": self.kind, "source": self.source, "name": self.name,
                 "spec": self.spec_path, "written": self.written, "dry_run": self.dry_run, "valid": self.valid,
                 "mapped": self.mapped, "fill": [{"field": f, "why": w} for f, w in self.output.fill],
-                "problems": self.problems, "notes": [n.as_dict() for n in self.notes],
+                "notes": [n.as_dict() for n in self.notes],
                 "files": sorted(f"specs/{p}" for p in self.output.files), "spec_text": self.output.text}
 
 
@@ -172,8 +177,9 @@ def default_name(path: Path, draft: Draft) -> str:
     return slug(stem) or "imported"
 
 
-def validate(out: Output) -> list[str]:
-    """Problems the real loader finds in the imported spec (in a scratch project; nothing is written)."""
+def validate(out: Output) -> list[Problem]:
+    """Problems the real loader finds in the imported spec (in a scratch project; nothing is written),
+    their files named as in the project (`specs/NAME.yaml`)."""
     from envport.core.errors import EnvportError, SpecError
     from envport.spec.loader import load_spec
 
@@ -188,9 +194,11 @@ def validate(out: Output) -> list[str]:
         try:
             load_spec(out.name, root)
         except SpecError as exc:
-            return [str(p).replace(str(root) + "/", "") for p in exc.problems]
+            here = str(root) + "/"
+            return [replace(p, file=p.file.replace(here, ""), message=p.message.replace(here, ""),
+                            fix=p.fix.replace(here, "")) for p in exc.problems]
         except EnvportError as exc:
-            return [str(exc).replace(str(root) + "/", "")]
+            return [Problem(f"specs/{out.name}.yaml", None, "", str(exc).replace(str(root) + "/", ""))]
     return []
 
 
@@ -217,10 +225,14 @@ def import_recipe(path: Path, root: Path, name: Optional[str] = None, kind: Opti
         raise ImportRefused(f"--name {name!r}: expected lowercase letters, digits and '-' (at most 63), e.g. "
                             "--name my-env")
     out = spec_text(draft, name, kind, path.name)
+    if len(out.text.encode()) > MAX_SPEC_BYTES:
+        raise ImportRefused(f"{draft.file}: the spec would be {len(out.text.encode()) // 1024} KiB, more than a spec "
+                            f"file holds ({MAX_SPEC_BYTES // 1024} KiB at most); split the recipe, or turn its steps "
+                            "into a script shipped as a shim file")
     result = Result(kind=kind, source=str(path), name=name, spec_path=f"specs/{name}.yaml", output=out,
                     notes=draft.notes, dry_run=dry_run, mapped=mapped(draft))
     fill_fields = {f for f, _ in out.fill}
-    result.problems = [p for p in validate(out) if not any(f": {f}: " in p for f in fill_fields)]
+    result.problems = [p for p in validate(out) if p.field not in fill_fields]
     if dry_run:
         return result
     spec_path = root / "specs" / f"{name}.yaml"
