@@ -9,6 +9,7 @@ that maps (exit 0) must also `envport validate` and `envport render`.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -30,9 +31,10 @@ def parse(path: Path) -> tuple[dict, list[tuple[str, str]]]:
             sections.append(current)
         elif current is not None:
             current[1].append(line)
-        elif line.startswith("# ") and ":" in line:
-            key, _, value = line[2:].partition(":")
-            header[key.strip()] = value.strip()
+        elif (m := re.match(r"# ([a-z]+):(.*)$", line)):
+            # A header key written twice would silently take the last value: refuse it.
+            assert m.group(1) not in header, f"{path.name}: header `# {m.group(1)}:` is written twice"
+            header[m.group(1)] = m.group(2).strip()
     return header, [(name, "\n".join(body).rstrip("\n") + "\n") for name, body in sections]
 
 
