@@ -1,9 +1,11 @@
 """Fixtures for the `.def` builder tests: a real rootfs exported from the docker base image.
 
 Needs the docker engine and the base image (`envport/debian-bookworm:base`, or
-$ENVPORT_BASE_IMAGE; `.ci/services/base-image.sh` builds it). Without them
-the fixtures skip with the reason. Import the fixtures by name into a test
-module to use them.
+$ENVPORT_BASE_IMAGE; `.ci/services/base-image.sh` builds it), reached through
+the `base_image` service fixture (tests/services.py): so every test using these
+fixtures is marked `docker` (tests/conftest.py), and a missing engine or image
+skips with the reason locally and fails in CI. Import the fixtures by name into
+a test module to use them.
 
 - `base_rootfs_tar` (session): `docker export` of a container of the base
   image, written once to a tar file; `image_config` (session): its ENV,
@@ -28,38 +30,32 @@ import pytest
 
 from envport.build.apptainer.post_runner import remove_rootfs
 
-BASE_IMAGE = os.environ.get("ENVPORT_BASE_IMAGE", "envport/debian-bookworm:base")
-
+from .support import missing
 
 def _docker(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, timeout=timeout, **kw)
 
 
-def require_base_image() -> None:
+def require_docker_cli() -> None:
     if shutil.which("docker") is None:
-        pytest.skip("docker CLI not installed: these tests export the base image's rootfs")
-    try:
-        if _docker("info", "--format", "{{.ServerVersion}}", timeout=20).returncode != 0:
-            pytest.skip("docker engine does not answer (start it: bash .ci/services/dockerd.sh)")
-    except subprocess.TimeoutExpired:
-        pytest.skip("docker engine does not answer within 20 s")
-    if _docker("image", "inspect", BASE_IMAGE).returncode != 0:
-        pytest.skip(f"base image {BASE_IMAGE} missing (build it: bash .ci/services/base-image.sh)")
+        missing("docker CLI not installed: these tests export the base image's rootfs (apt-get install docker.io)")
 
 
 @pytest.fixture(scope="session")
-def image_config() -> dict:
-    require_base_image()
-    out = _docker("image", "inspect", "--format", "{{json .Config}}", BASE_IMAGE, text=True)
+def image_config(base_image: str) -> dict:
+    """base_image (tests/services.py): the engine answers and the image is there, or missing() said why."""
+    require_docker_cli()
+    out = _docker("image", "inspect", "--format", "{{json .Config}}", base_image, text=True)
+    assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
 @pytest.fixture(scope="session")
-def base_rootfs_tar(tmp_path_factory) -> Path:
-    require_base_image()
+def base_rootfs_tar(tmp_path_factory, base_image: str) -> Path:
+    require_docker_cli()
     tar = tmp_path_factory.mktemp("base-rootfs") / "rootfs.tar"
-    cid = _docker("create", BASE_IMAGE, text=True).stdout.strip()
-    assert cid, f"docker create {BASE_IMAGE} failed"
+    cid = _docker("create", base_image, text=True).stdout.strip()
+    assert cid, f"docker create {base_image} failed"
     try:
         with open(tar, "wb") as fh:
             proc = subprocess.run(["docker", "export", cid], stdout=fh, stderr=subprocess.PIPE, timeout=300)
