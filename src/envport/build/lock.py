@@ -93,6 +93,12 @@ def _dists(report: dict, python: Path, work: Path, phase: int) -> tuple[list[Loc
         if "dir_info" in info or "vcs_info" in info:
             return [], (f"phase {phase}: {name} comes from a directory or a VCS checkout ({url}); only an "
                         "archive has a digest to lock: publish it to an index or a find-links dir")
+        if item.get("is_direct"):
+            # A lock line is `name==version --hash=…`, found through the site's sources: the URL, the file's
+            # only source, would be lost and the locked replay could not find the file.
+            return [], (f"phase {phase}: {name} is a direct reference ({url}); a lock records name, version and "
+                        "digest, not the URL, so a locked build could not fetch it: build this spec unlocked, or "
+                        "put the file in a find-links dir and require it as name==version")
         sha = _report_digest(item)
         if not sha:
             sha, why = _file_digest(url, python, work)
