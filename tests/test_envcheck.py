@@ -7,6 +7,7 @@ of small local wheels (tests/tinywheels.py).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -136,6 +137,24 @@ def test_the_scan_inside_a_real_venv_sees_installs_and_lost_files(tmp_path):
     assert gone.stdout.startswith("gamma 1.0 is missing; epsilon lost 1"), gone.stdout
 
 
+def build_a_moved_pin(project: Path, base_image: str, tmp_path: Path, name: str, target: str, **extra: str):
+    """Build NAME for TARGET from a spec whose phase 2 (beta 2.0 requires alpha>=2) moves phase 1's
+    alpha==1.0: FAILED [pin_mismatch] naming alpha.  Returns (spec, env, proc) for a follow-up build."""
+    import yaml
+
+    from .support import run_envport, unique
+
+    env = pip_env(make_wheelhouse(tmp_path / "wheels"), tmp_path / "envs", **extra)
+    spec = {"name": name, "base": base_image, "python": "3.11", "env": {"TINY_RUN": unique("run")},
+            "pip_phases": [["alpha==1.0"], ["beta==2.0"]]}
+    (project / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    proc = run_envport("build", name, "--target", target, "--json", root=project, env=env, timeout=900)
+    last = json.loads(proc.stdout)["steps"][-1]
+    assert proc.returncode == 1 and last["reason"] == "pin_mismatch", proc.stdout + proc.stderr
+    assert last["detail"].startswith("alpha==1.0 (pinned by pip phase 1): alpha 2.0 won;"), last["detail"]
+    return spec, env, proc
+
+
 def test_the_docker_builder_checks_pins_before_it_tags(docker_client, base_image, project, throwaway_images,
                                                       tmp_path):
     """A docker build whose later phase moved a pinned package is FAILED [pin_mismatch] and left untagged,
@@ -145,18 +164,9 @@ def test_the_docker_builder_checks_pins_before_it_tags(docker_client, base_image
 
     from .support import run_envport, tags_of, unique
 
-    wheels = make_wheelhouse(tmp_path / "wheels")
-    env = pip_env(wheels, tmp_path / "envs")
     name = unique("pins")
     throwaway_images.append(name)
-    spec = {"name": name, "base": base_image, "python": "3.11", "env": {"TINY_RUN": unique("run")},
-            "pip_phases": [["alpha==1.0"], ["beta==2.0"]]}  # beta 2.0 requires alpha>=2
-    (project / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    proc = run_envport("build", name, "--target", "docker", "--json", root=project, env=env, timeout=900)
-    out = json.loads(proc.stdout)
-    last = out["steps"][-1]
-    assert proc.returncode == 1 and last["reason"] == "pin_mismatch", proc.stdout + proc.stderr
-    assert last["detail"].startswith("alpha==1.0 (pinned by pip phase 1): alpha 2.0 won;"), last["detail"]
+    spec, env, _ = build_a_moved_pin(project, base_image, tmp_path, name, "docker")
     assert tags_of(docker_client, name) == []
 
     spec["pip_phases"].append({"packages": ["alpha==1.0"], "no_deps": True, "force_reinstall": True})
@@ -169,22 +179,11 @@ def test_the_docker_builder_checks_pins_before_it_tags(docker_client, base_image
 def test_the_sif_builder_checks_pins_before_it_writes_a_sif(base_image, project, tmp_path):
     """The same moved pin through envport's own `.def` builder: the probe runs in the rootfs after %post,
     FAILED [pin_mismatch] naming the package, and no SIF is written (so it is never `present`)."""
-    import yaml
-
     from .sif_fixtures import require_sif_tools
-    from .support import run_envport, unique
+    from .support import unique
 
     require_sif_tools()
-    wheels = make_wheelhouse(tmp_path / "wheels")
-    env = pip_env(wheels, tmp_path / "envs", ENVPORT_SIF_BUILDER="envport")
     name = unique("pins-sif")
-    spec = {"name": name, "base": base_image, "python": "3.11",
-            "pip_phases": [["alpha==1.0"], ["beta==2.0"]]}  # beta 2.0 requires alpha>=2
-    (project / "specs" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    proc = run_envport("build", name, "--target", "apptainer", "--json", root=project, env=env, timeout=900)
-    out = json.loads(proc.stdout)
-    last = out["steps"][-1]
-    assert proc.returncode == 1 and last["reason"] == "pin_mismatch", proc.stdout + proc.stderr
-    assert last["detail"].startswith("alpha==1.0 (pinned by pip phase 1): alpha 2.0 won;"), last["detail"]
-    assert "%post step 5/6 pip phase 2: beta==2.0" in proc.stderr, proc.stderr  # it failed after %post ran
+    _, _, proc = build_a_moved_pin(project, base_image, tmp_path, name, "apptainer", ENVPORT_SIF_BUILDER="envport")
+    assert re.search(r"%post step (\d+)/\1 labels and hash\n", proc.stderr), proc.stderr  # after all of %post
     assert not list(project.rglob(f"{name}-*.sif")), "a SIF was written for a build whose pins do not hold"
