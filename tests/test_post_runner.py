@@ -190,9 +190,11 @@ def test_sigkill_of_the_builder_leaves_no_process_and_no_mount(rootfs: Path):
         for line in proc.stdout:
             if line.strip() == "started":
                 break
-        time.sleep(0.5)
-        sandbox = _descendants(proc.pid)
-        # bwrap, its namespace init, %post's shell, two sleeps
+        # Polled (bounded) until both sleeps run: bwrap, its namespace init, %post's shell, two sleeps.
+        deadline = time.monotonic() + 30
+        while len(_sleeps(sandbox := _descendants(proc.pid))) < 2:
+            assert time.monotonic() < deadline, f"the %post's two sleeps never ran: {sandbox}"
+            time.sleep(0.05)
         assert len(sandbox) >= 4, f"the %post did not start: {sandbox}"
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -221,6 +223,19 @@ def _descendants(pid: int) -> list[int]:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
+    return found
+
+
+def _sleeps(pids: list[int]) -> list[int]:
+    """Those of PIDS running `sleep 300` or `sleep 301` (the %post's two)."""
+    found = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] in ([b"sleep", b"300"], [b"sleep", b"301"]):
+            found.append(pid)
     return found
 
 
