@@ -12,7 +12,7 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,20 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def dies_with_parent(sig: int) -> Callable[[], None]:
+    """A `preexec_fn` that has the child sent SIG when its parent dies (PR_SET_PDEATHSIG), so a SIGKILLed
+    envport leaves no docker client building, mksquashfs writing or mount holder behind. libc is bound here,
+    in the parent; the child only calls prctl. A libc without prctl: the child runs without it."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def preexec() -> None:
+        prctl(1, sig)  # PR_SET_PDEATHSIG
+
+    return preexec

@@ -12,7 +12,6 @@ command, never mistaken for a stopped engine.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
+from envport.core.proc import dies_with_parent
 from envport.core.verdict import StepResult, Verdict
 
 
@@ -114,12 +114,8 @@ def cli_env() -> dict[str, str]:
     return {k: os.environ[k] for k in CLI_ENV_KEEP if k in os.environ}
 
 
-def _die_with_parent() -> None:
-    # If envport itself is killed, the docker client must not keep building on its own.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# If envport itself is killed, the docker client must not keep building on its own.
+_die_with_parent = dies_with_parent(signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):

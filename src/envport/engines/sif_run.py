@@ -33,7 +33,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
 from envport.core.errors import ReasonError
+from envport.core.proc import dies_with_parent
 from envport.engines.sif import primary_partition, read_sif
 
 WITNESS_MOUNT = "/mnt"
@@ -132,11 +132,7 @@ def is_mounted(path: Path) -> bool:
     return False
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+_die_with_parent = dies_with_parent(signal.SIGTERM)
 
 
 def unmount(mountpoint: Path) -> None:

@@ -25,7 +25,6 @@ with a mount under it) instead of reusing them.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -42,6 +41,7 @@ from envport.build.apptainer import bootstrap as boot
 from envport.build.apptainer.deffile import DefError, DefFile, parse_def
 from envport.build.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
 from envport.build.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
+from envport.core.proc import dies_with_parent
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, sif_labels, write_sif
@@ -76,12 +76,8 @@ def present(sif: Path, hash_: str) -> Optional[dict]:
     return {"sif": str(sif), "size": info.file_size}
 
 
-def _die_with_parent() -> None:
-    # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
+_die_with_parent = dies_with_parent(signal.SIGKILL)
 
 
 def _size(n: int) -> str:

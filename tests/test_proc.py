@@ -1,0 +1,56 @@
+"""core/proc: the helpers every module that runs a command shares."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from envport.core.proc import dies_with_parent, run
+
+PARENT = """
+import subprocess, sys, signal
+from envport.core.proc import dies_with_parent
+child = subprocess.Popen(["sleep", "300"], preexec_fn=dies_with_parent(getattr(signal, sys.argv[1])))
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def _state(pid: int) -> str:
+    """The process's /proc state letter, "" once it is gone (a zombie counts as gone: it ended)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+    return "" if state == "Z" else state
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_child_dies_with_its_sigkilled_parent(sig):
+    """What the docker client, mksquashfs and the SIF mount holder rely on: envport SIGKILLed, they go too."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, sig], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert _state(child), "the child never started"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _state(child):  # polled with a bound: the kernel sends SIG as the parent exits
+            assert time.monotonic() < deadline, f"sleep {child} outlived its SIGKILLed parent"
+            time.sleep(0.05)
+    finally:
+        if _state(child):
+            os.kill(child, signal.SIGKILL)
+        parent.stdout.close()
+
+
+def test_run_tells_not_installed_from_failed():
+    missing = run(["envport-no-such-tool-x"])
+    assert missing.returncode is None and not missing.ok and "envport-no-such-tool-x" in missing.why
+    failed = run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (failed.returncode, failed.stdout, failed.stderr, failed.ok) == (3, "out\n", "err\n", False)
