@@ -125,6 +125,21 @@ def test_direct_references_render_build_and_verify(tmp_path: Path):
     assert f"pip[tinygit@{sha}]" in out, out
     assert "pip[tinywheel==0.2]" in out, out
 
+    # The pin check can fail: the same project at another commit, installed over the built one, is named.
+    (tmp_path / "repo" / "tinygit.py").write_text("VALUE = 'moved'\n")
+    git_env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+    subprocess.run(["git", "commit", "-qam", "two"], cwd=tmp_path / "repo", check=True, env=git_env)
+    other = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path / "repo", check=True, capture_output=True,
+                           text=True).stdout.strip()
+    [python] = [p for p in (tmp_path / "envs").rglob("bin/python") if (p.parent / "pip").exists()]
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                    f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{other}"], check=True, timeout=BUILD_TIMEOUT)
+    moved = envport("verify", "refs", "--target", "venv", root=project, env=env)
+    out = moved.stdout + moved.stderr
+    assert moved.returncode != 0, out
+    assert f"tinygit 0.3 was installed from commit {other}, the spec pins {sha}" in out, out
+
 
 def test_validate_prints_the_branch_warning_and_passes(tmp_path: Path):
     (tmp_path / "specs").mkdir()
