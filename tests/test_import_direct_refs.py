@@ -26,6 +26,8 @@ from envport.spec.model import PipPhase, direct_ref, requirement_warnings
 from envport.spec.loader import load_spec
 
 BUILD_TIMEOUT = 600
+GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
 
 
 def make_git_project(root: Path) -> str:
@@ -35,10 +37,8 @@ def make_git_project(root: Path) -> str:
         '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
         '[project]\nname = "tinygit"\nversion = "0.3"\n\n[tool.setuptools]\npy-modules = ["tinygit"]\n')
     (root / "tinygit.py").write_text("VALUE = 'from git'\n")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
     for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "."], ["git", "commit", "-q", "-m", "one"]):
-        subprocess.run(argv, cwd=root, check=True, env=env)
+        subprocess.run(argv, cwd=root, check=True, env=GIT_ENV)
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
                           text=True).stdout.strip()
 
@@ -127,9 +127,7 @@ def test_direct_references_render_build_and_verify(tmp_path: Path):
 
     # The pin check can fail: the same project at another commit, installed over the built one, is named.
     (tmp_path / "repo" / "tinygit.py").write_text("VALUE = 'moved'\n")
-    git_env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
-               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
-    subprocess.run(["git", "commit", "-qam", "two"], cwd=tmp_path / "repo", check=True, env=git_env)
+    subprocess.run(["git", "commit", "-qam", "two"], cwd=tmp_path / "repo", check=True, env=GIT_ENV)
     other = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path / "repo", check=True, capture_output=True,
                            text=True).stdout.strip()
     [python] = [p for p in (tmp_path / "envs").rglob("bin/python") if (p.parent / "pip").exists()]
