@@ -106,9 +106,6 @@ class Site(_Model):
         return (root / self.wheelhouse_dir / env_name).resolve()
 
 
-NO_SITE = Site(name="none")
-
-
 def load_site(name_or_path: str | None, root: Path) -> Site:
     """A site by name (sites/<name>.yaml) or path; `local` falls back to built-in defaults."""
     ref = name_or_path or DEFAULT_SITE
@@ -123,8 +120,6 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
 
 def apply_site(plan: Plan, site: Site) -> Plan:
     """The plan as this site builds it: base rewrites, CA bundle, pip sources, wheelhouse."""
-    if site is NO_SITE:
-        return plan
     steps = []
     ca = site.ca_bytes()
     for step in plan.steps:
