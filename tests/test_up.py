@@ -5,6 +5,8 @@
 - the same kind of env with a gated weight through docker with the token set: every step OK, the
   witness reads the weight from a read-only mount, and the token is in no layer, history, label,
   config, recipe, ledger, report or output (scanned as tests/test_secrets.py does);
+- the same small env as a SIF (envport's .def builder) from nothing: every step OK, the witness reads the
+  weight from a read-only bind at the spec's path; a second run is present/OK throughout;
 - a FAILED witness is diagnosed (layer and fix), and a host-caused one is recorded for the env.
 """
 
@@ -15,9 +17,11 @@ import json
 import secrets
 import subprocess
 import tarfile
+from pathlib import Path
 
 import yaml
 
+from .sif_fixtures import require_sif_tools, sif_env
 from .support import LOCAL_ENVS_DIR, REPO, as_json, cli_env, run_envport, unique, write_spec
 
 PIN = {"path": "tiny.f32", "size": 4096, "sha256": "36713b232535566428d6c2454bff50fa500ac74102796bc95415b3e2aa51a740"}
@@ -39,28 +43,46 @@ def _verdicts(out) -> dict:
     return {s["step"]: s["verdict"] for s in out["steps"]}
 
 
+def _from_nothing_then_present(project, name, target, env) -> dict:
+    """Two `up` runs: every step OK from nothing (the weight fetched), then present/OK throughout. Returns the
+    first run's witness weight checks."""
+    proc, out = _up(project, name, target, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert _verdicts(out) == {"preflight": "OK", "build": "OK", "weights": "OK", "verify": "OK",
+                              "witness": "OK"}, out["steps"]
+    assert "fetched" in next(s for s in out["steps"] if s["step"] == "weights")["detail"]
+    seen = next(s for s in out["steps"] if s["step"] == "witness")["data"]["weights"]
+
+    proc, again = _up(project, name, target, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert _verdicts(again) == {"preflight": "OK", "build": "present", "weights": "present", "verify": "OK",
+                                "witness": "OK"}, again["steps"]
+    return {"build": next(s for s in out["steps"] if s["step"] == "build"), "weights": seen}
+
+
 def test_up_venv_from_nothing_then_everything_present(project, tmp_path):
     name = unique("up-venv")
     _small(project, name)
     env = cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs"), ENVPORT_WEIGHTS_DIR=str(tmp_path / "w"))
-    proc, out = _up(project, name, "venv", env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert _verdicts(out) == {"preflight": "OK", "build": "OK", "weights": "OK", "verify": "OK",
-                              "witness": "OK"}, out["steps"]
-    weights = next(s for s in out["steps"] if s["step"] == "weights")
-    assert "fetched" in weights["detail"]
-    seen = next(s for s in out["steps"] if s["step"] == "witness")["data"]["weights"]
+    seen = _from_nothing_then_present(project, name, "venv", env)["weights"]
     assert seen and f"$DEMO_WEIGHTS={tmp_path / 'w'}/{name}/tiny" in seen[0]["detail"], seen
-
-    proc, out = _up(project, name, "venv", env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert _verdicts(out) == {"preflight": "OK", "build": "present", "weights": "present", "verify": "OK",
-                              "witness": "OK"}, out["steps"]
     # The whole run is in the ledger, step by step.
     from envport.report import ledger
 
     ups = [r for r in ledger.read(project, name) if r["kind"] == "up"]
     assert len(ups) == 2 and [s["verdict"] for s in ups[-1]["steps"]] == ["OK", "present", "present", "OK", "OK"]
+
+
+def test_up_apptainer_from_nothing_then_everything_present(project, tmp_path, base_image):
+    require_sif_tools()
+    name = unique("up-sif")
+    _small(project, name)
+    env = sif_env(ENVPORT_WEIGHTS_DIR=str(tmp_path / "w"), ENVPORT_STATE_DIR=str(tmp_path / "state"))
+    first = _from_nothing_then_present(project, name, "apptainer", env)
+    sif = Path(first["build"]["data"]["sif"])
+    assert sif.is_file() and sif.is_relative_to(project), first["build"]
+    seen = first["weights"]
+    assert seen and seen[0]["read_only"] is True and "$DEMO_WEIGHTS=/weights/tiny" in seen[0]["detail"], seen
 
 
 def test_up_docker_gated_weight_read_only_and_the_token_nowhere(project, tmp_path, docker_client, base_image,
