@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -22,10 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from envport.build.lock import hash_mismatches, normalize_freeze
+from envport.plan.lock import LockError, load_for, parse, write_text
+from envport.report.parity import parse_freeze
 from envport.spec.model import PipPhase, direct_ref, requirement_warnings
 from envport.spec.loader import load_spec
 
 BUILD_TIMEOUT = 600
+PY = "%d.%d" % sys.version_info[:2]
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
 
@@ -150,26 +155,101 @@ def test_validate_prints_the_branch_warning_and_passes(tmp_path: Path):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git to make the local repository")
-@pytest.mark.parametrize("kind", ["git", "wheel"])
-def test_lock_of_a_direct_reference_is_refused_naming_it(tmp_path: Path, kind: str):
-    # Not supported yet (docs/import.md): a lock line is `name==version --hash=…` found through the site's
-    # sources, so the URL would be lost. The lock says so before writing anything (the wheel case used to
-    # resolve, then FAIL its own locked replay with pip's "No matching distribution").
-    if kind == "git":
-        req = f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{make_git_project(tmp_path / 'repo')}"
-        why = "tinygit comes from a directory or a VCS checkout"
-    else:
-        wheel = make_wheel(tmp_path)
-        req = f"tinywheel @ file://{wheel}#sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}"
-        why = f"tinywheel is a direct reference (file://{wheel}); a lock records name, version and digest, not the URL"
-    project = tmp_path / "project"
-    (project / "specs").mkdir(parents=True)
-    py = "%d.%d" % sys.version_info[:2]
-    (project / "specs" / "refs.yaml").write_text(
-        f'name: refs\nbase: debian:bookworm-slim\npython: "{py}"\npip_phases:\n  - ["{req}"]\n')
-    env = {**os.environ, "ENVPORT_STATE_DIR": str(tmp_path / "state")}
-    proc = envport("lock", "refs", root=project, env=env)
+def test_lock_of_a_git_reference_is_refused_naming_why(tmp_path: Path):
+    # pip cannot hash a VCS checkout (--require-hashes refuses it), so there is no digest to lock; the lock
+    # says so, with the fix, before writing anything.
+    req = f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{make_git_project(tmp_path / 'repo')}"
+    project = _wheel_project(tmp_path, req)
+    proc = envport("lock", "refs", root=project, env={**os.environ, "ENVPORT_STATE_DIR": str(tmp_path / "state")})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
-    assert "REFUSED  lock refs [unlockable]: phase 1: " in out and why in out, out
+    assert "REFUSED  lock refs [unlockable]: phase 1: tinygit comes from a VCS checkout" in out, out
+    assert "pip cannot hash a checkout" in out and "build a wheel at that commit" in out, out
     assert not (project / "specs" / "refs.lock").exists()
+
+
+def _wheel_project(tmp_path: Path, req: str) -> Path:
+    project = tmp_path / "project"
+    (project / "specs").mkdir(parents=True)
+    (project / "specs" / "refs.yaml").write_text(
+        f'name: refs\nbase: debian:bookworm-slim\npython: "{PY}"\npip_phases:\n  - ["{req}"]\n')
+    return project
+
+
+def _locked_wheel_project(tmp_path: Path) -> tuple[Path, Path, str, dict]:
+    """A spec whose one phase is `tinywheel @ file:///…whl#sha256=…`, locked: (project, wheel, url, env)."""
+    wheel = make_wheel(tmp_path)
+    url = f"file://{wheel}#sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}"
+    project = _wheel_project(tmp_path, f"tinywheel @ {url}")
+    env = {**os.environ, "ENVPORT_ENVS_DIR": str(tmp_path / "envs"), "ENVPORT_STATE_DIR": str(tmp_path / "state")}
+    proc = envport("lock", "refs", root=project, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return project, wheel, url, env
+
+
+def test_a_wheel_reference_locks_builds_verifies_and_freezes_to_the_lock(tmp_path: Path):
+    project, wheel, url, env = _locked_wheel_project(tmp_path)
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    # The entry keeps the spec's own URL beside name, version, file and digest; the locked line installs from it.
+    text = (project / "specs" / "refs.lock").read_text()
+    assert (f'name = "tinywheel"\nversion = "0.2"\nurl = "{url}"\nfile = "{wheel.name}"\nsha256 = "{sha}"\n'
+            in text), text
+    lock = load_for(load_spec("refs", project))
+    [dist] = lock.final().values()
+    assert dist.url == url and dist.sha256 == sha
+    assert lock.phases[0].requirements_text() == f"tinywheel @ {url} --hash=sha256:{sha}\n"
+    assert parse(write_text(lock, "specs/refs.yaml"), project / "specs" / "refs.lock") == lock
+    check = envport("lock", "--check", "refs", root=project, env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    build = envport("build", "refs", "--target", "venv", root=project, env=env)
+    assert build.returncode == 0, build.stdout + build.stderr
+    [python] = [p for p in (tmp_path / "envs").rglob("bin/python") if (p.parent / "pip").exists()]
+    # Built from the lock: the phase's requirements file in the env is the locked line.
+    assert (python.parent.parent / ".envport" / "locks" / "pip-1.txt").read_text() == \
+        f"tinywheel @ {url} --hash=sha256:{sha}\n"
+    verify = envport("verify", "refs", "--target", "venv", root=project, env=env)
+    out = verify.stdout + verify.stderr
+    assert verify.returncode == 0, out
+    assert "pip[tinywheel==0.2]" in out, out
+
+    # pip freeze prints `tinywheel @ URL`; read with the installed version (as parity does), it is the lock.
+    frozen = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+    assert f"tinywheel @ {url.split('#')[0]}" in frozen, frozen
+    listed = json.loads(subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    got = parse_freeze(frozen.splitlines(), {p["name"]: p["version"] for p in listed})
+    assert normalize_freeze([f"{n}=={v}" for n, v in got.items()]) == normalize_freeze(lock.freeze()) \
+        == ["tinywheel==0.2"]
+
+
+def test_a_swapped_wheel_at_the_referenced_path_fails_naming_it(tmp_path: Path):
+    project, wheel, _, env = _locked_wheel_project(tmp_path)
+    want = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    with zipfile.ZipFile(wheel, "a") as zf:  # same path, same name, other bytes
+        zf.writestr("extra.txt", "swapped\n")
+    got = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    build = envport("build", "refs", "--target", "venv", root=project, env=env)
+    out = build.stdout + build.stderr
+    assert build.returncode == 1, out
+    assert (f"FAILED   build refs (venv) [hash_mismatch]: {wheel.name}: sha256 {got}, the lock says {want}"
+            in build.stdout), out
+    assert not list((tmp_path / "envs").glob("refs/lib/python*/site-packages/tinywheel.py"))
+
+
+def test_a_lock_entry_url_is_checked_and_pip_direct_mismatch_output_is_read(tmp_path: Path):
+    sha = "a" * 64
+    entry = (f'format = 1\nenv = "x"\npython = "{PY}"\nplatform = "p"\ninputs = "i"\n[[phase]]\nindex = 1\n'
+             f'packages = []\n[[phase.dists]]\nname = "w"\nversion = "1"\nurl = URL\nfile = "w-1-py3-none-any.whl"\n'
+             f'sha256 = "{sha}"\n')
+    with pytest.raises(LockError, match=r"dists\[1\]\.url: expected an https:// or file:// URL"):
+        parse(entry.replace("URL", '"git+https://h/w@x"'), tmp_path / "x.lock")
+    with pytest.raises(LockError, match=r"dists\[1\]\.url"):
+        parse(entry.replace("URL", '"file:///w.whl --index-url=http://evil"'), tmp_path / "x.lock")
+    ok = parse(entry.replace("URL", f'"https://h/w-1-py3-none-any.whl#sha256={sha}"'), tmp_path / "x.lock")
+    assert ok.phases[0].dists[0].requirement() == f"w @ https://h/w-1-py3-none-any.whl#sha256={sha} --hash=sha256:{sha}"
+    lines = ["ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.",
+             f"    w@ file:///d/w-1-py3-none-any.whl#sha256={sha} from file:///d/w-1-py3-none-any.whl#sha256={sha} "
+             "(from -r req.txt (line 1)):",
+             f"        Expected sha256 {sha}", f"        Expected     or {sha}", f"             Got        {'b' * 64}"]
+    assert hash_mismatches(lines) == [f"w-1-py3-none-any.whl: sha256 {'b' * 64}, the lock says {sha}"]

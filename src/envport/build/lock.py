@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from envport.core.files import write_atomic
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
@@ -84,27 +86,48 @@ def _file_digest(url: str, python: Path, work: Path) -> tuple[str | None, str]:
     return sha256_file(got), ""
 
 
-def _dists(report: dict, python: Path, work: Path, phase: int) -> tuple[list[LockedDist], str]:
+def _spec_urls(packages: tuple[str, ...]) -> dict[str, str]:
+    """{canonical name: URL} of the phase's direct references, as the spec writes them."""
+    out = {}
+    for text in packages:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.url:
+            out[canonical_name(req.name)] = req.url
+    return out
+
+
+def _dists(report: dict, python: Path, work: Path, phase: int,
+           packages: tuple[str, ...] = ()) -> tuple[list[LockedDist], str]:
     """The phase's distributions from pip's report, or ('', why) when one cannot be locked."""
     out = []
     for item in report.get("install", []):
         meta, info = item.get("metadata", {}), item.get("download_info", {})
         name, version, url = canonical_name(meta.get("name", "")), meta.get("version", ""), info.get("url", "")
-        if "dir_info" in info or "vcs_info" in info:
-            return [], (f"phase {phase}: {name} comes from a directory or a VCS checkout ({url}); only an "
+        if "vcs_info" in info:
+            return [], (f"phase {phase}: {name} comes from a VCS checkout ({url}); pip cannot hash a checkout "
+                        "(--require-hashes refuses it), so there is no digest to lock: build a wheel at that "
+                        "commit and require it as `name @ file:///…whl#sha256=…` (or publish it to an index or "
+                        "a find-links dir), or build this spec unlocked (--no-lock)")
+        if "dir_info" in info:
+            return [], (f"phase {phase}: {name} comes from a directory ({url}); only an "
                         "archive has a digest to lock: publish it to an index or a find-links dir")
+        spec_url = ""
         if item.get("is_direct"):
-            # A lock line is `name==version --hash=…`, found through the site's sources: the URL, the file's
-            # only source, would be lost and the locked replay could not find the file.
-            return [], (f"phase {phase}: {name} is a direct reference ({url}); a lock records name, version and "
-                        "digest, not the URL, so a locked build could not fetch it: build this spec unlocked, or "
-                        "put the file in a find-links dir and require it as name==version")
+            # `name @ URL` to a wheel or archive: the URL is part of the spec, so the lock line keeps it
+            # (`name @ URL --hash=…`); the file has no other source a site could supply.
+            spec_url = _spec_urls(packages).get(name, "")
+            if not spec_url:
+                return [], (f"phase {phase}: {name} is a direct reference ({url}) that is not one of the phase's "
+                            "own requirements; require it as `name @ URL#sha256=…` in that phase")
         sha = _report_digest(item)
         if not sha:
             sha, why = _file_digest(url, python, work)
             if not sha:
                 return [], f"phase {phase}: cannot read {url} to hash it: {why}"
-        out.append(LockedDist(name, version, unquote(Path(urlparse(url).path).name), sha))
+        out.append(LockedDist(name, version, unquote(Path(urlparse(url).path).name), sha, spec_url))
     return sorted(out, key=lambda d: d.name), ""
 
 
@@ -113,9 +136,17 @@ def find_python(version: str) -> str | None:
 
 
 def _freeze(python: Path) -> list[str]:
+    """`pip freeze` as `name==version` lines; a `name @ URL` line (a direct reference: pip freeze prints
+    its URL, not its version) gets the installed version from `pip list`."""
     proc = _pip(python, "freeze")
-    return sorted((ln.strip() for ln in proc.stdout.splitlines() if "==" in ln),
-                  key=lambda ln: canonical_name(ln.split("==")[0]))
+    lines = [ln.strip() for ln in proc.stdout.splitlines()]
+    direct = [ln.split(" @ ", 1)[0] for ln in lines if " @ " in ln and not ln.startswith("-e ")]
+    if direct:
+        listed = json.loads(_pip(python, "list", "--format=json").stdout or "[]")
+        versions = {canonical_name(p["name"]): p["version"] for p in listed}
+        lines = [ln for ln in lines if " @ " not in ln] + \
+            [f"{n}=={versions[canonical_name(n)]}" for n in direct if canonical_name(n) in versions]
+    return sorted((ln for ln in lines if "==" in ln), key=lambda ln: canonical_name(ln.split("==")[0]))
 
 
 def normalize_freeze(lines: list[str]) -> list[str]:
@@ -199,7 +230,7 @@ def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[s
                           "stack is several GB); pin the version this host holds on disk (`pip config list` "
                           "shows its find-links) or lock on a machine meant to fetch it",
                           reason="remote_cuda_stack")
-    dists, why = _dists(report, vpy, work, s.index)
+    dists, why = _dists(report, vpy, work, s.index, s.packages)
     if why:
         return StepResult("", Verdict.REFUSED, why, reason="unlockable")
     phase = LockedPhase(s.index, s.packages, s.force_reinstall, tuple(dists))
@@ -233,6 +264,8 @@ def check_spec(loaded) -> StepResult:
 
 
 _PIP_FROM = re.compile(r"^\s*(\S+==\S+) from (\S+?)(?: \(from .*\))?:?\s*$")
+# A direct reference, as pip prints it: `name@ URL from URL (from -r … (line 1)):`.
+_PIP_DIRECT = re.compile(r"^\s*(\S+)@ (\S+) from (\S+?)(?: \(from .*\))?:?\s*$")
 _UV_FOR = re.compile(r"[Hh]ash mismatch for `([^`]+)`")
 _HEX = re.compile(r"\b([0-9a-f]{64})\b")
 
@@ -243,9 +276,12 @@ def hash_mismatches(lines: list[str]) -> list[str]:
     mismatch leaves that phase not half-installed; this names the file for the FAILED verdict."""
     out, what, want, label = [], None, None, None
     for ln in lines:
-        m = _PIP_FROM.match(ln) or _UV_FOR.search(ln)
+        m = _PIP_FROM.match(ln) or _PIP_DIRECT.match(ln) or _UV_FOR.search(ln)
         if m:
-            what = m.group(2).rsplit("/", 1)[-1] if m.re is _PIP_FROM else m.group(1)
+            if m.re is _PIP_DIRECT:
+                what = unquote(m.group(2).split("#", 1)[0].rsplit("/", 1)[-1])
+            else:
+                what = m.group(2).rsplit("/", 1)[-1] if m.re is _PIP_FROM else m.group(1)
             want, label = None, None
             continue
         text = ln.strip()

@@ -9,7 +9,10 @@ whichever of a colliding pair pip happens to reach last).
 The file is TOML, written by `write_text` in one fixed order so that two runs
 over the same resolution give the same bytes and a review diff shows only
 what moved.  It holds names, versions, file names and sha256 digests; never an
-index URL or a local path: where files come from is the site's business.
+index URL or a local path: where files come from is the site's business.  The one
+exception is a direct reference (`name @ URL` to a wheel or archive): its URL is
+part of the spec, not the site's, so its entry keeps it (`url`) and its locked
+line is `name @ URL --hash=sha256:…`.
 `inputs` is a digest of the phase inputs it was made from (the spec's python
 and each phase's requirements and flags), so an edited spec is told apart
 from its lock without resolving anything.
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envport.core.errors import EnvportError
-from envport.spec.model import canonical_name
+from envport.spec.model import DIRECT_URL_RE, canonical_name
 
 LOCK_FORMAT = 1
 LOCK_SUFFIX = ".lock"
@@ -43,9 +46,13 @@ class LockedDist:
     version: str
     file: str  # file name only: the site decides where it is fetched from
     sha256: str
+    # A direct reference's URL, as the spec writes it ("" for a file found through the sources).
+    url: str = ""
 
     def requirement(self) -> str:
         """One hash-pinned line of a `--require-hashes` requirements file."""
+        if self.url:
+            return f"{self.name} @ {self.url} --hash=sha256:{self.sha256}"
         return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
 
 
@@ -141,8 +148,9 @@ def write_text(lock: Lock, spec_rel: str) -> str:
         if not phase.dists:
             out.append("dists = []")
         for d in phase.dists:
-            out += ["[[phase.dists]]", f"name = {_toml_str(d.name)}", f"version = {_toml_str(d.version)}",
-                    f"file = {_toml_str(d.file)}", f"sha256 = {_toml_str(d.sha256)}"]
+            out += ["[[phase.dists]]", f"name = {_toml_str(d.name)}", f"version = {_toml_str(d.version)}"]
+            out += [f"url = {_toml_str(d.url)}"] if d.url else []
+            out += [f"file = {_toml_str(d.file)}", f"sha256 = {_toml_str(d.sha256)}"]
     return "\n".join(out) + "\n"
 
 
@@ -171,8 +179,12 @@ def parse(text: str, path: Path) -> Lock:
             sha = _need(rd, "sha256", str, w, path)
             if not SHA256_RE.match(sha):
                 raise LockError(f"{path}: {w}sha256: expected 64 lowercase hex digits, found {sha!r}; {fix}")
+            url = _need(rd, "url", str, w, path) if "url" in rd else ""
+            if url and (not DIRECT_URL_RE.match(url) or url.startswith("git+")):
+                raise LockError(f"{path}: {w}url: expected an https:// or file:// URL of a wheel or archive, "
+                                f"found {url!r}; {fix}")
             dists.append(LockedDist(canonical_name(_need(rd, "name", str, w, path)), _need(rd, "version", str, w, path),
-                                    _need(rd, "file", str, w, path), sha))
+                                    _need(rd, "file", str, w, path), sha, url))
         phases.append(LockedPhase(_need(raw, "index", int, where, path),
                                   tuple(_need(raw, "packages", list, where, path)),
                                   bool(raw.get("force_reinstall", False)),

@@ -226,6 +226,10 @@ def _canonical(step: Step) -> dict:
         # An unlocked phase installed by pip hashes as it did before locks and installers existed.
         if not d["locked"]:
             d.pop("locked")
+        for dist in d.get("locked", ()):
+            # Only a direct reference has a URL; every other locked file hashes as before URLs existed.
+            if not dist["url"]:
+                dist.pop("url")
         if d["installer"] == "pip":
             d.pop("installer")
     return d
