@@ -85,6 +85,10 @@ def test_every_witness_passes_inside_the_sif(demo_sif: BuiltSif, tmpdir_env):
     for name in ("python", "import torch", "kernel", "collectives (world 2)", "dtensor (mesh 2x2)"):
         assert steps.get(name) == "OK", steps
     assert any(s.startswith("cli ") for s in steps) and set(steps.values()) == {"OK"}, steps
+    # demo-cpu's pinned weight, read through its variable from the read-only bind at the spec's path.
+    weight = next((s for s in out["steps"] if s["step"] == "weight tiny"), None)
+    assert weight and weight["data"]["read_only"] is True and "$DEMO_WEIGHTS=/weights/tiny" in weight["detail"], \
+        out["steps"]
     assert out["launcher"].endswith(demo_sif.path.name)
     assert _left(where) == [], "a SIF mount (or its directory) was left behind"
 
