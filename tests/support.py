@@ -168,6 +168,15 @@ def missing(why: str) -> None:
     pytest.skip(why)
 
 
+def needs_bwrap() -> None:
+    """The weights' read-only binds on venv/SSH need a working bubblewrap here (launchers/local.py)."""
+    from envport.witness.launchers.local import bwrap_problem
+
+    bwrap, problem = bwrap_problem()
+    if bwrap is None:
+        missing(f"bubblewrap: {problem}")
+
+
 # --- an interpreter with torch for the witness tests --------------------------------------
 #
 # The one source of torch for the tests: the pinned CPU wheel torch==2.13.0 in TORCH_WHEELS

@@ -4,7 +4,7 @@ host and the docker image; collectives at world 2 and 4 and DTensor on a 2x2 mes
 
 from __future__ import annotations
 
-from .support import ENV_NAME, as_json, cli_env, fail_with, run_envport
+from .support import ENV_NAME, as_json, cli_env, fail_with, needs_bwrap, run_envport
 
 FULL_SUITE = {"python", "import torch", "import six", "kernel", "collectives (world 2)", "dtensor (mesh 2x2)"}
 
@@ -22,7 +22,11 @@ def _witness(root, *args: str) -> dict[str, dict]:
 
 
 def test_full_suite_in_the_venv(local_venv):
-    _check_full_suite(_witness(local_venv.root, "--target", "venv", "--python", local_venv.python))
+    needs_bwrap()
+    steps = _witness(local_venv.root, "--target", "venv", "--python", local_venv.python)
+    _check_full_suite(steps)
+    # The weight read through $DEMO_WEIGHTS from its folder bound read-only (bwrap), not a writable one.
+    assert steps["weight tiny"]["data"]["read_only"] is True, steps["weight tiny"]
 
 
 def test_full_suite_in_the_image(demo_image):

@@ -26,6 +26,9 @@ from envport.witness.launchers.docker import MOUNT_POINT
 from envport.core.verdict import Verdict
 from envport.witness.run import parse_sentinels
 
+from .support import needs_bwrap
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -105,6 +108,78 @@ def test_local_launcher_runs_a_witness_in_place():
 def test_local_launcher_refuses_a_missing_interpreter(tmp_path):
     problem = LocalLauncher(tmp_path / "nope" / "python").preflight()
     assert problem is not None and problem.verdict is Verdict.REFUSED and problem.reason == "env_missing"
+
+
+def _weight_arg(folder) -> str:
+    import hashlib
+    import json
+
+    data = (folder / "w.bin").read_bytes()
+    return json.dumps({"name": "w", "env": "W_DIR", "path": "/weights/w",
+                       "files": [{"path": "w.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]})
+
+
+def _weights(tmp_path):
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(b"weight" * 100)
+    return folder
+
+
+def test_local_launcher_binds_the_weights_read_only_under_bwrap(tmp_path):
+    """The weight step reads through the variable from a read-only bind, and a write under it is EROFS."""
+    needs_bwrap()
+    folder = _weights(tmp_path)
+    launcher = LocalLauncher(sys.executable, base_env={"PATH": os.environ["PATH"], "W_DIR": str(folder)},
+                             read_only=[str(folder)])
+    write = '{"cmd": "touch \\"$W_DIR/new\\"", "expect": "Read-only file system"}'
+    res = launcher.run("basic.py", ["--weight", _weight_arg(folder), "--cli", write], {}, 60)
+    records = {r["check"]: r for r in parse_sentinels(res.output)}
+    assert res.returncode == 0, res.output
+    assert records["weight"]["ok"] and records["weight"]["read_only"] is True, records["weight"]
+    assert records["cli"]["ok"], records["cli"]
+    assert not (folder / "new").exists()
+    # Outside the run the folder is as writable as before.
+    (folder / "after").write_text("x")
+
+
+def test_local_launcher_says_why_the_weights_stay_writable_without_bwrap(tmp_path):
+    folder = _weights(tmp_path)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    launcher = LocalLauncher(sys.executable, base_env={"PATH": str(empty), "W_DIR": str(folder)},
+                             read_only=[str(folder)])
+    inv = launcher.invocation("basic.py", [], {})
+    assert inv.argv[0] == sys.executable  # run as it is, not under bwrap
+    res = launcher.run("basic.py", ["--weight", _weight_arg(folder)], {}, 60)
+    (rec,) = [r for r in parse_sentinels(res.output) if r["check"] == "weight"]
+    assert rec["ok"] and rec["read_only"] is False
+    assert rec["writable_why"] == "no bwrap on this host (apt install bubblewrap)", rec
+
+
+def test_a_deadline_reaches_the_witness_through_bwrap(tmp_path):
+    """bwrap forwards no signal: the group's SIGTERM must still reach the witness (its stack dump), and
+    nothing may outlive the stop."""
+    needs_bwrap()
+    folder = _weights(tmp_path)
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "hang.py").write_text(
+        "import os, signal, sys, time\n"
+        "def term(*_):\n"
+        "    print('witness got TERM', flush=True)\n"
+        "    sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('pid', os.getpid(), flush=True)\n"
+        "time.sleep(300)\n")
+    launcher = LocalLauncher(sys.executable, witness_dir=scripts, base_env={"PATH": os.environ["PATH"]},
+                             read_only=[str(folder)])
+    assert launcher.invocation("hang.py", [], {}).argv[4].endswith("bwrap")
+    res = launcher.run("hang.py", [], {}, 5.0)
+    assert res.timed_out, res.output
+    assert "pid " in res.output, f"the witness never started: {res.output!r}"
+    assert "witness got TERM" in res.output, res.output
+    _wait_gone(int(res.output.split("pid ")[1].split()[0]))
 
 
 # --- docker: the command line ---------------------------------------------------

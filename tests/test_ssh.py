@@ -23,7 +23,9 @@ from envport.witness.launchers.ssh import SshLauncher, prefix_expr, remote_word,
 from envport.witness.launchers.base import WITNESS_DIR
 from envport.plan.site import SshHost as SiteSshHost
 
-from .support import ENV_NAME, cli_env, fail_with, run_envport
+from envport.witness.run import parse_sentinels
+
+from .support import ENV_NAME, cli_env, fail_with, needs_bwrap, run_envport
 
 UNREACHABLE = "ssh://root@127.0.0.1:1"  # nothing listens on port 1: connection refused at once
 
@@ -61,6 +63,16 @@ def test_remote_script_sources_the_env_block_and_cleans_up():
     assert "export A='x y'" in script
     assert 'setsid "$P"/bin/python "$D"/basic.py --python 3.11 &' in script
     assert inv.cleanup and "kill -TERM" in inv.cleanup[0][-1]
+    assert "bwrap" not in script  # no weights: nothing to bind
+
+
+def test_remote_script_binds_the_weights_read_only_where_bwrap_works():
+    launcher = SshLauncher("somehost", ENV_NAME, envs_dir="/envs", weight_env={"DEMO_WEIGHTS": f"{ENV_NAME}/tiny"})
+    script = shlex.split(launcher.invocation("basic.py", [], {}).argv[-1])[-1]
+    assert f'export DEMO_WEIGHTS="$W"/{ENV_NAME}/tiny' in script
+    assert f'--ro-bind-try "$W"/{ENV_NAME}/tiny "$W"/{ENV_NAME}/tiny' in script
+    # Where bwrap is absent or does not run: the witness as it is, told why the weights stay writable.
+    assert 'export ENVPORT_WEIGHTS_WRITABLE="$why"; setsid "$P"/bin/python "$D"/basic.py &' in script
 
 
 # --- against the real sshd -------------------------------------------------------------
@@ -130,14 +142,19 @@ def test_verify_over_ssh_names_a_broken_env_var(ssh_venv, ssh_host):
 
 @pytest.mark.ssh
 def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):
+    needs_bwrap()  # the host is this machine: its bwrap binds the weights read-only there
     proc = run_envport("witness", ENV_NAME, "--target", "venv", "--host", "test", "--only",
-                       "python,imports,kernel,collectives", "--json", root=ssh_venv.root,
+                       "python,imports,weights,kernel,collectives", "--json", root=ssh_venv.root,
                        env=cli_env(ENVPORT_ENVS_DIR=ssh_venv.envs_dir), timeout=300)
     assert proc.returncode == 0, fail_with(proc, "witness --host test")
     out = json.loads(proc.stdout)
     verdicts = {s["step"]: s["verdict"] for s in out["steps"]}
-    assert verdicts == {"python": "OK", "import torch": "OK", "import six": "OK", "kernel": "OK",
+    assert verdicts == {"python": "OK", "import torch": "OK", "import six": "OK", "weight tiny": "OK", "kernel": "OK",
                         "collectives (world 2)": "OK"}, out["steps"]
+    # The weight read through $DEMO_WEIGHTS from the host's weights root, bound read-only there.
+    weight = next(s for s in out["steps"] if s["step"] == "weight tiny")
+    assert weight["data"]["read_only"] is True, weight
+    assert f"/.envport/weights/{ENV_NAME}/tiny (read-only)" in weight["detail"], weight
     assert out["launcher"].startswith("ssh test ")
     # The env's own interpreter ran, with its env block sourced.
     python = next(s for s in out["steps"] if s["step"] == "python")
@@ -145,6 +162,22 @@ def test_witnesses_run_on_the_host_and_leave_nothing(ssh_venv, ssh_host):
     left = subprocess.run(ssh_host.argv('ls -d "${TMPDIR:-/tmp}"/envport-witness-*.* 2>/dev/null | wc -l'),
                           capture_output=True, text=True, timeout=30)
     assert left.stdout.strip() == "0", "witness scripts left on the host"
+
+
+@pytest.mark.ssh
+def test_a_write_under_the_weights_fails_on_the_host(ssh_venv, ssh_host):
+    """From inside the witness run on the host, a write under $DEMO_WEIGHTS fails with EROFS (bwrap's bind)."""
+    needs_bwrap()
+    site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))
+    launcher = SshLauncher(site_host, ENV_NAME, envs_dir=ssh_venv.envs_dir,
+                           weight_env={"DEMO_WEIGHTS": f"{ENV_NAME}/tiny"})
+    write = json.dumps({"cmd": 'touch "$DEMO_WEIGHTS/written-by-the-witness"', "expect": "Read-only file system"})
+    result = launcher.run("basic.py", ["--cli", write], {}, deadline_s=120)
+    (cli,) = [r for r in parse_sentinels(result.output) if r["check"] == "cli"]
+    assert result.returncode == 0 and cli["ok"], result.output
+    left = subprocess.run(ssh_host.argv(f'ls "$HOME/.envport/weights/{ENV_NAME}/tiny"'), capture_output=True,
+                          text=True, timeout=30)
+    assert left.returncode == 0 and "written-by-the-witness" not in left.stdout, left.stdout + left.stderr
 
 
 def _marked_processes(ssh_host, marker: str) -> int:
@@ -158,7 +191,9 @@ def _marked_processes(ssh_host, marker: str) -> int:
 def test_deadline_ends_the_remote_ranks(ssh_venv, ssh_host):
     """A hung rank past the launcher's deadline: the ssh client AND the remote process group end."""
     site_host = SiteSshHost(ssh=ssh_host.alias, ssh_config=str(ssh_host.ssh_config))
-    launcher = SshLauncher(site_host, ENV_NAME, envs_dir=ssh_venv.envs_dir)
+    # With a weight: the ranks run under bwrap (read-only weights), which forwards no signal itself.
+    launcher = SshLauncher(site_host, ENV_NAME, envs_dir=ssh_venv.envs_dir,
+                           weight_env={"DEMO_WEIGHTS": f"{ENV_NAME}/tiny"})
     marker = f"envport-deadline-{time.time_ns()}"
     # Watch the host while the witness runs: the ranks must have existed, or "none left" proves nothing.
     seen: list[int] = []

@@ -1,7 +1,8 @@
 """`envport up`: preflight -> build -> weights -> verify -> witness, for real.
 
 - a small env (six and a pinned weight) as a venv from nothing: every step OK, the weight fetched and
-  read through its env var; a second run is present/OK throughout;
+  read through its env var from a read-only bind (bwrap; a write there fails with EROFS); a second run is
+  present/OK throughout;
 - the same kind of env with a gated weight through docker with the token set: every step OK, the
   witness reads the weight from a read-only mount, and the token is in no layer, history, label,
   config, recipe, ledger, report or output (scanned as tests/test_secrets.py does);
@@ -22,15 +23,19 @@ from pathlib import Path
 import yaml
 
 from .sif_fixtures import require_sif_tools, sif_env
-from .support import LOCAL_ENVS_DIR, REPO, as_json, cli_env, run_envport, unique, write_spec
+from .support import LOCAL_ENVS_DIR, REPO, as_json, cli_env, needs_bwrap, run_envport, unique, write_spec
 
 PIN = {"path": "tiny.f32", "size": 4096, "sha256": "36713b232535566428d6c2454bff50fa500ac74102796bc95415b3e2aa51a740"}
 
 
-def _small(project, name, **weight):
+# A CLI witness that writes under the weight's folder: it passes only where the write fails with EROFS.
+WRITE_UNDER_WEIGHTS = {"cmd": 'touch "$DEMO_WEIGHTS/written-by-the-witness"', "expect": "Read-only file system"}
+
+
+def _small(project, name, witnesses=None, **weight):
     w = {"path": "/weights/tiny", "env": "DEMO_WEIGHTS", "source": "python3 files/demo_weight.py", "files": [PIN]}
     w.update(weight)
-    write_spec(project, name, weight_dirs={"tiny": w}, witnesses={"imports": ["six"]},
+    write_spec(project, name, weight_dirs={"tiny": w}, witnesses=witnesses or {"imports": ["six"]},
                env={"TINY_GREETING": f"hello {secrets.token_hex(4)}"})
 
 
@@ -62,10 +67,14 @@ def _from_nothing_then_present(project, name, target, env) -> dict:
 
 def test_up_venv_from_nothing_then_everything_present(project, tmp_path):
     name = unique("up-venv")
-    _small(project, name)
+    # The witness reads the weight through its variable from a read-only bind (bwrap), and its write there fails.
+    needs_bwrap()
+    _small(project, name, witnesses={"imports": ["six"], "cli": [WRITE_UNDER_WEIGHTS]})
     env = cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs"), ENVPORT_WEIGHTS_DIR=str(tmp_path / "w"))
     seen = _from_nothing_then_present(project, name, "venv", env)["weights"]
     assert seen and f"$DEMO_WEIGHTS={tmp_path / 'w'}/{name}/tiny" in seen[0]["detail"], seen
+    assert seen[0]["read_only"] is True and "(read-only)" in seen[0]["detail"], seen
+    assert not (tmp_path / "w" / name / "tiny" / "written-by-the-witness").exists()
     # The whole run is in the ledger, step by step.
     from envport.report import ledger
 

@@ -30,7 +30,8 @@ def register(sub) -> None:
                        "weights (every pinned file verified by size and sha256; absent ones fetched by the spec's "
                        "own source command; nothing deleted), verify (the spec's testinfra checks, weights "
                        "included) and witness (imports, CLI, weights read through their env var from a read-only "
-                       "mount, kernel, collectives, DTensor). Stops at the first step that is not ok; re-running "
+                       "mount (venv/conda: bound with bwrap; where bwrap does not work the step says writable "
+                       "and why), kernel, collectives, DTensor). Stops at the first step that is not ok; re-running "
                        "continues. A FAILED step's log is matched against the diagnosis table: its layer and fix "
                        "are printed. Exit code: the first failure's (1 failed, 3 refused, 5 no accelerator).")
     p.add_argument("spec", metavar="NAME|PATH")

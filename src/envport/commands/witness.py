@@ -137,10 +137,11 @@ def _launcher(args, loaded, identity, opts):
         env = activated_env(python.parent.parent, os.environ)
         if not (python.parent.parent / ".envport" / "env.sh").is_file():
             env.update(spec.env)
-        # No mount on a bare host: each weight's variable points at its folder under the weights root.
+        # Each weight's variable points at its folder under the weights root, bound read-only where bwrap works.
         env.update(weights.runtime_env(spec, weights.weights_root()))
         launcher = LocalLauncher(python, base_env=env,
-                                 missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH")
+                                 missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH",
+                                 read_only=[h for h, _ in weights.existing_mounts(spec, weights.weights_root())])
         return launcher, {"prefix": str(python.parent.parent)}
     gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
     if args.target == "apptainer":

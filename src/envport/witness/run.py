@@ -362,7 +362,8 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
         elif check == "weight":
             where = f"${rec.get('env')}={rec.get('folder')}" if rec.get("env") else str(rec.get("folder"))
             if rec["ok"]:
-                ro = "read-only" if rec.get("read_only") else "writable"
+                ro = "read-only" if rec.get("read_only") else \
+                    f"writable: {rec.get('writable_why') or 'the launcher mounted it nowhere read-only'}"
                 out.append(StepResult(step, Verdict.OK, f"{rec.get('files')} file(s) at their pins via {where} "
                                       f"({ro})", seconds=secs, data={"read_only": bool(rec.get("read_only"))}))
             else:

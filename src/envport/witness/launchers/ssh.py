@@ -13,7 +13,11 @@ whole thing as one `ssh HOST bash -c SCRIPT`:
 - the witness runs under `setsid` with its pid written next to the scripts, so
   a deadline or Ctrl-C here can kill the remote process group by that pid
   (killing the ssh client alone leaves remote processes running: no tty, no
-  SIGHUP).
+  SIGHUP);
+- the weights folders (`weight_env`, under `~/.envport/weights` there) are
+  bound read-only with bubblewrap where `bwrap --dev-bind / / true` works on
+  the host (local.read_only_argv); elsewhere the witness runs as it is and is
+  told why they stay writable.
 
 An unreachable host is REFUSED by `preflight` within the connect timeout.
 """
@@ -33,10 +37,10 @@ from typing import Mapping, Optional, Sequence
 from envport.core.verdict import StepResult
 from envport.engines.ssh import env_preflight, prefix_expr, resolve_host, ssh_argv
 from envport.witness.launchers.base import WITNESS_DIR, Invocation, Launcher
-from envport.witness.launchers.local import LocalLauncher
+from envport.witness.launchers.local import BWRAP_FIX, WRITABLE_ENV, LocalLauncher, read_only_argv
 
-# Placeholders the remote script defines: the env prefix and the scripts' temp dir.
-_P, _D = "$P", "$D"
+# Placeholders the remote script defines: the env prefix, the scripts' temp dir, the host's weights root.
+_P, _D, _W = "$P", "$D", "$W"
 
 
 @functools.lru_cache(maxsize=4)
@@ -53,8 +57,8 @@ def witness_payload(witness_dir: str) -> str:
 
 
 def remote_word(word: str) -> str:
-    """Quote one argv word for the remote shell, expanding only a leading $P/ or $D/."""
-    for var in (_P, _D):
+    """Quote one argv word for the remote shell, expanding only a leading $P/, $D/ or $W/."""
+    for var in (_P, _D, _W):
         if word == var:
             return f'"{var}"'
         if word.startswith(var + "/"):
@@ -109,12 +113,27 @@ class SshLauncher(Launcher):
             'if [ -f "$P/.envport/env.sh" ]; then . "$P/.envport/env.sh"; fi',
             'export VIRTUAL_ENV="$P" PATH="$P/bin:$PATH"',
         ]
+        lines.append('W="$HOME/.envport/weights"')
         for var, rel in sorted(self.weight_env.items()):
-            lines.append(f'export {var}="$HOME/.envport/weights"/{shlex.quote(rel)}')
+            lines.append(f'export {var}="$W"/{shlex.quote(rel)}')
         if exports:
             lines.append(f"export {exports}")
+        if self.weight_env:
+            dirs = [f"{_W}/{rel}" for rel in sorted(set(self.weight_env.values()))]
+            bound = " ".join(remote_word(w) for w in read_only_argv(dirs, inv.argv))
+            lines += [
+                "why=",
+                f'if ! command -v bwrap >/dev/null 2>&1; then why="no bwrap on $(uname -n) ({BWRAP_FIX})"',
+                'elif ! bwrap --dev-bind / / true >/dev/null 2>&1; then why="bwrap does not work on $(uname -n): '
+                '$(bwrap --dev-bind / / true 2>&1 | tail -n 1) (unprivileged user namespaces off?)"',
+                "fi",
+                f'if [ -z "$why" ]; then setsid {bound} &',
+                f'else export {WRITABLE_ENV}="$why"; setsid {command} &',
+                "fi",
+            ]
+        else:
+            lines.append(f"setsid {command} &")
         lines += [
-            f"setsid {command} &",
             'echo "$!" > "$D/pid"',
             'wait "$!"',
         ]

@@ -12,7 +12,8 @@ shadows the env's packages.
 
 A weight is read the way the tool would find it: through its env var (the
 spec's path when it declares none), every byte hashed; the record says whether
-the folder is read-only there (a mount should be).
+the folder is read-only there (a mount should be), and when it is not, why
+(the launcher says so in $ENVPORT_WEIGHTS_WRITABLE: no working bwrap here).
 """
 
 import argparse
@@ -130,6 +131,9 @@ def check_weight(spec):
                                 % (path, size, h.hexdigest(), want_size, want_sha))
         # W_OK is false on a read-only mount even for root (EROFS), unlike a mode bit.
         rec["read_only"] = not os.access(folder, os.W_OK)
+        if not rec["read_only"]:
+            # Why the launcher could not mount it read-only here (local.WRITABLE_ENV), when it says.
+            rec["writable_why"] = os.environ.get("ENVPORT_WEIGHTS_WRITABLE") or ""
         rec["files"] = len(spec.get("files") or [])
     rec.update(ok=not problems, problems=problems, seconds=round(time.time() - t, 3))
     emit(rec)
