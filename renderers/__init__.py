@@ -49,6 +49,18 @@ def def_quote(value: str) -> str:
     return f'"{value}"'
 
 
+# shlex.quote leaves a reserved word bare: `for pkg in jzndt do; do` is still bash, but shellcheck (and a
+# reader) takes the package `do` for the keyword, so reserved words are quoted as well.
+SHELL_RESERVED = frozenset("if then else elif fi case esac for select while until do done in function time coproc"
+                           .split())
+
+
+def shell_word(value) -> str:
+    """VALUE as one POSIX shell word: shlex.quote, and a bare reserved word quoted too."""
+    text = str(value)
+    return f"'{text}'" if text in SHELL_RESERVED else shlex.quote(text)
+
+
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -61,7 +73,7 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["q"] = shell_word
     env.filters["dq"] = docker_quote
     env.filters["defq"] = def_quote
     # `K="v" \<newline>    K2="v2"`: Dockerfile ENV/LABEL pairs, one per line.

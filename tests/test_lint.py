@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import REPO
+from .support import REPO, copy_project, fail_with, run_envport, write_spec
 
 HADOLINT = shutil.which("hadolint")
 SHELLCHECK = shutil.which("shellcheck")
@@ -83,3 +83,21 @@ def test_def_shell_sections_pass_shellcheck_as_posix_sh(image_dir: Path, tmp_pat
         files.append(str(path))
     proc = shellcheck("--shell=sh", *files)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@needs_shellcheck
+def test_a_package_named_like_a_shell_keyword_renders_a_script_shellcheck_parses(tmp_path: Path):
+    """The fuzz found it: system_pkgs [jzndt, do] rendered `for pkg in jzndt do; do`, which bash runs but
+    shellcheck (and a reader) takes for the keyword; reserved words are quoted like any other odd word."""
+    root = copy_project(tmp_path / "proj")
+    write_spec(root, "kw", system_pkgs=["jzndt", "do", "done"], pip_phases=[["six==1.16.0"]])
+    proc = run_envport("render", "kw", root=root)
+    assert proc.returncode == 0, fail_with(proc, "render kw")
+    script = root / "images" / "kw" / "setup-venv.sh"
+    assert "for pkg in jzndt 'do' 'done'; do" in script.read_text()
+    checked = shellcheck(str(script), str(root / "images" / "kw" / "setup-conda.sh"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # The words bash reads back are the package names.
+    words = subprocess.run(["bash", "-c", "for pkg in jzndt 'do' 'done'; do printf '%s\\n' \"$pkg\"; done"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert words == ["jzndt", "do", "done"]
