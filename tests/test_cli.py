@@ -161,3 +161,17 @@ def test_site_and_cluster_profiles_read_through_the_same_hardened_helper(tmp_pat
         with pytest.raises(SpecError) as exc:
             load()
         assert str(exc.value.problems[0]).startswith(f"{fifo}: <top>: is not a regular file")
+
+
+def test_a_reader_that_goes_away_is_exit_141_without_a_traceback():
+    """`envport show demo-cpu | head -1`: the reader is gone before envport writes (its end of the pipe is
+    closed before envport starts, so every write gets EPIPE); no BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(REPO), "show", "demo-cpu"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

@@ -93,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("envport: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `envport show X | head`: the reader left; say nothing more (and no traceback at exit's flush).
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _report_error(args: argparse.Namespace, exc: EnvportError) -> int:
