@@ -102,7 +102,7 @@ def _spec_urls(packages: tuple[str, ...]) -> dict[str, str]:
 def _dists(report: dict, python: Path, work: Path, phase: int,
            packages: tuple[str, ...] = ()) -> tuple[list[LockedDist], str]:
     """The phase's distributions from pip's report, or ('', why) when one cannot be locked."""
-    out = []
+    out, spec_urls = [], _spec_urls(packages)
     for item in report.get("install", []):
         meta, info = item.get("metadata", {}), item.get("download_info", {})
         name, version, url = canonical_name(meta.get("name", "")), meta.get("version", ""), info.get("url", "")
@@ -118,7 +118,7 @@ def _dists(report: dict, python: Path, work: Path, phase: int,
         if item.get("is_direct"):
             # `name @ URL` to a wheel or archive: the URL is part of the spec, so the lock line keeps it
             # (`name @ URL --hash=…`); the file has no other source a site could supply.
-            spec_url = _spec_urls(packages).get(name, "")
+            spec_url = spec_urls.get(name, "")
             if not spec_url:
                 return [], (f"phase {phase}: {name} is a direct reference ({url}) that is not one of the phase's "
                             "own requirements; require it as `name @ URL#sha256=…` in that phase")
@@ -280,8 +280,10 @@ def hash_mismatches(lines: list[str]) -> list[str]:
         if m:
             if m.re is _PIP_DIRECT:
                 what = unquote(m.group(2).split("#", 1)[0].rsplit("/", 1)[-1])
+            elif m.re is _PIP_FROM:
+                what = m.group(2).rsplit("/", 1)[-1]
             else:
-                what = m.group(2).rsplit("/", 1)[-1] if m.re is _PIP_FROM else m.group(1)
+                what = m.group(1)
             want, label = None, None
             continue
         text = ln.strip()

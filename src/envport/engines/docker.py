@@ -114,10 +114,6 @@ def cli_env() -> dict[str, str]:
     return {k: os.environ[k] for k in CLI_ENV_KEEP if k in os.environ}
 
 
-# If envport itself is killed, the docker client must not keep building on its own.
-_die_with_parent = dies_with_parent(signal.SIGTERM)
-
-
 class Interrupted(KeyboardInterrupt):
     pass
 
@@ -125,8 +121,10 @@ class Interrupted(KeyboardInterrupt):
 def run_buildkit(argv: list[str], cwd: Path, on_line: Callable[[str], None]) -> int:
     """Run the BuildKit client; a SIGTERM/SIGINT to envport stops it (and with it the build)."""
     env = {**cli_env(), "DOCKER_BUILDKIT": "1"}
+    # If envport itself is killed, the docker client must not keep building on its own.
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", preexec_fn=_die_with_parent)
+                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                            preexec_fn=dies_with_parent(signal.SIGTERM))
     previous = None
     if threading.current_thread() is threading.main_thread():
         def _stop(signum, frame):
@@ -210,9 +208,10 @@ def export_rootfs(image: str, dest: Path, docker: str = "docker") -> None:
     cid = created.stdout.strip()
     try:
         export = subprocess.Popen([docker, "export", cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=cli_env(), preexec_fn=_die_with_parent)
+                                  env=cli_env(), preexec_fn=dies_with_parent(signal.SIGTERM))
         untar = subprocess.run(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", str(dest)],
-                               stdin=export.stdout, capture_output=True, text=True, preexec_fn=_die_with_parent)
+                               stdin=export.stdout, capture_output=True, text=True,
+                               preexec_fn=dies_with_parent(signal.SIGTERM))
         export.stdout.close()
         err = export.stderr.read().decode("utf-8", "replace")
         export.stderr.close()

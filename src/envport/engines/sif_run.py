@@ -132,9 +132,6 @@ def is_mounted(path: Path) -> bool:
     return False
 
 
-_die_with_parent = dies_with_parent(signal.SIGTERM)
-
-
 def unmount(mountpoint: Path) -> None:
     for argv in (["fusermount", "-u", str(mountpoint)], ["fusermount3", "-u", str(mountpoint)],
                  ["umount", str(mountpoint)]):
@@ -185,7 +182,7 @@ def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
     tool = "mount -t squashfs -o loop" if kind == "kernel" else squashfuse()
     with tempfile.TemporaryFile() as err:
         holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                  start_new_session=True, preexec_fn=_die_with_parent)
+                                  start_new_session=True, preexec_fn=dies_with_parent(signal.SIGTERM))
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not is_mounted(mnt):
             if holder.poll() is not None or time.monotonic() > deadline:

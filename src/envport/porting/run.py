@@ -23,10 +23,9 @@ from envport.porting.spec_text import Output, slug, spec_text
 from envport.spec.yamlfile import MAX_BYTES
 
 KINDS = ("dockerfile", "def", "conda", "requirements", "shell")
-# Bounds on what an import writes: the loader refuses a spec file over its own bound (MAX_SPEC_BYTES),
+# Bounds on what an import writes: the loader refuses a spec file over its own bound (yamlfile.MAX_BYTES),
 # so an import that would write a larger one stops with the reason instead of writing one that never loads.
 MAX_RUN_COMMANDS = 2000
-MAX_SPEC_BYTES = MAX_BYTES
 # Debian/Ubuntu releases -> their python3, for a base that names no python.
 DISTRO_PYTHON = {"bookworm": "3.11", "debian:12": "3.11", "bullseye": "3.9", "debian:11": "3.9", "trixie": "3.13",
                  "ubuntu24.04": "3.12", "ubuntu:24.04": "3.12", "noble": "3.12", "ubuntu22.04": "3.10",
@@ -225,9 +224,10 @@ def import_recipe(path: Path, root: Path, name: Optional[str] = None, kind: Opti
         raise ImportRefused(f"--name {name!r}: expected lowercase letters, digits and '-' (at most 63), e.g. "
                             "--name my-env")
     out = spec_text(draft, name, kind, path.name)
-    if len(out.text.encode()) > MAX_SPEC_BYTES:
-        raise ImportRefused(f"{draft.file}: the spec would be {len(out.text.encode()) // 1024} KiB, more than a spec "
-                            f"file holds ({MAX_SPEC_BYTES // 1024} KiB at most); split the recipe, or turn its steps "
+    size = len(out.text.encode())
+    if size > MAX_BYTES:
+        raise ImportRefused(f"{draft.file}: the spec would be {size // 1024} KiB, more than a spec "
+                            f"file holds ({MAX_BYTES // 1024} KiB at most); split the recipe, or turn its steps "
                             "into a script shipped as a shim file")
     result = Result(kind=kind, source=str(path), name=name, spec_path=f"specs/{name}.yaml", output=out,
                     notes=draft.notes, dry_run=dry_run, mapped=mapped(draft))

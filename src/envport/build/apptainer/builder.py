@@ -76,10 +76,6 @@ def present(sif: Path, hash_: str) -> Optional[dict]:
     return {"sif": str(sif), "size": info.file_size}
 
 
-# A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
-_die_with_parent = dies_with_parent(signal.SIGKILL)
-
-
 def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
@@ -347,9 +343,10 @@ class SifBuild:
         comp = self.site.apptainer.compression
         self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)})")
         t = time.monotonic()
+        # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
         proc = subprocess.run(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
                                "-no-progress", "-quiet"], capture_output=True, text=True,
-                              preexec_fn=_die_with_parent)
+                              preexec_fn=dies_with_parent(signal.SIGKILL))
         self.timings["mksquashfs"] = time.monotonic() - t
         if proc.returncode != 0:
             return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {proc.returncode}; no SIF was written",

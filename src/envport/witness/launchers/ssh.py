@@ -124,8 +124,8 @@ class SshLauncher(Launcher):
             lines += [
                 "why=",
                 f'if ! command -v bwrap >/dev/null 2>&1; then why="no bwrap on $(uname -n) ({BWRAP_FIX})"',
-                'elif ! bwrap --dev-bind / / true >/dev/null 2>&1; then why="bwrap does not work on $(uname -n): '
-                '$(bwrap --dev-bind / / true 2>&1 | tail -n 1) (unprivileged user namespaces off?)"',
+                'elif ! said="$(bwrap --dev-bind / / true 2>&1)"; then why="bwrap does not work on $(uname -n): '
+                '$(printf "%s\\n" "$said" | tail -n 1) (unprivileged user namespaces off?)"',
                 "fi",
                 f'if [ -z "$why" ]; then setsid {bound} &',
                 f'else export {WRITABLE_ENV}="$why"; setsid {command} &',
