@@ -3,8 +3,10 @@
     python bench/bench_install.py [--spec demo-cpu] [--repeat 1] [--out bench/results/install.json]
 
 Works on a throwaway copy of the project with the spec renamed `<spec>-bench`
-(its lock renamed with it, so the real env's tags never move), two site
-profiles that differ only in `installer` (pip, uv), the env's wheelhouse
+(its lock renamed with it, so the real env's tags never move), three site
+profiles that differ only in `installer` and `bytecode` (pip; uv, which leaves
+bytecode to the first import as uv itself does; uv with `bytecode: build`,
+which compiles it while installing as pip does), the env's wheelhouse
 downloaded once beforehand (`envport wheelhouse`) and uv's binary fetched
 once beforehand, so every timed build installs the same files from local disk.
 Each round runs every variant once, in this order, so a slow minute on this
@@ -12,10 +14,13 @@ shared machine hits all of them; before each timed variant the disk writes the
 previous one left are flushed (`sync`, not timed), or a docker export's or a
 venv's gigabyte still being written back would slow whichever variant follows:
 
-1. docker, cold (`envport build --target docker --rebuild --no-cache`), pip then uv;
+1. docker, cold (`envport build --target docker --rebuild --no-cache`): pip, uv, uv with
+   `bytecode: build`; then, not timed as builds, the first `import torch` in a fresh container
+   of each image: what leaving bytecode to the first import costs every process of an image;
 2. hand-written, hand-optimised Dockerfiles of the same env (one venv, one
    `--no-deps --require-hashes` install of every locked file from the same
-   wheelhouse, bind-mounted; pip, then uv), `docker build --no-cache` under BuildKit;
+   wheelhouse, bind-mounted; pip, then uv with its own defaults), `docker build --no-cache`
+   under BuildKit;
 3. venv here, cold (a fresh ENVPORT_ENVS_DIR), pip then uv, then pip with `--no-lock`.
 
 pip's and uv's own download caches are left as they are (warm): torch comes
@@ -23,7 +28,8 @@ from the host's wheel either way, and a cold env is what is compared.
 Each ratio is the median over rounds of that round's own ratio (the two builds
 it compares ran minutes apart, under the same load); the JSON also keeps the
 ratio of the medians.  Goals: docker uv/pip <= 0.6, venv uv/pip <= 0.5, locked/unlocked <= 1.0,
-envport pip / hand pip <= 1.0, envport uv / hand uv <= 1.1.  Exits 0 with
+envport pip / hand pip <= 1.0, envport uv / hand uv <= 1.1; uv with `bytecode: build` is
+printed beside them, without a goal.  Exits 0 with
 "skipped: ..." when no engine or BuildKit client answers or the base is absent.
 """
 
@@ -64,8 +70,14 @@ ENV VIRTUAL_ENV=/opt/venv PATH="/opt/venv/bin:$PATH"
 HAND_PIP = ("RUN --mount=type=bind,source=wheelhouse,target=/wh /opt/venv/bin/python -m pip install --no-cache-dir "
             "--disable-pip-version-check --no-index --find-links /wh --no-deps --require-hashes -r /wh/requirements.txt")
 HAND_UV = ("RUN --mount=type=bind,source=wheelhouse,target=/wh --mount=type=bind,source=uv,target=/usr/local/bin/uv "
-           "uv pip install --python /opt/venv/bin/python --no-cache --compile-bytecode --no-index --find-links /wh "
+           "uv pip install --python /opt/venv/bin/python --no-cache --no-index --find-links /wh "
            "--no-deps --require-hashes -r /wh/requirements.txt")
+
+
+# The site profiles the variants build with: they differ only in how, never in what.
+SITES = {"bench-pip": {"installer": "pip"}, "bench-uv": {"installer": "uv"},
+         "bench-uv-build": {"installer": "uv", "bytecode": "build"}}
+DOCKER_VARIANTS = {"docker_pip": "bench-pip", "docker_uv": "bench-uv", "docker_uv_bytecode_build": "bench-uv-build"}
 
 
 def envport(root: Path, *args: str, env: dict | None = None) -> tuple[float, dict]:
@@ -90,9 +102,8 @@ def copy_project(dest: Path, spec: str, name: str) -> None:
     if lock.is_file():
         (dest / "specs" / f"{name}.lock").write_text(lock.read_text().replace(f'env = "{spec}"', f'env = "{name}"'))
     local = yaml.safe_load((dest / "sites" / "local.yaml").read_text())
-    for installer in ("pip", "uv"):
-        (dest / "sites" / f"bench-{installer}.yaml").write_text(
-            yaml.safe_dump({**local, "name": f"bench-{installer}", "installer": installer}, sort_keys=False))
+    for site, fields in SITES.items():
+        (dest / "sites" / f"{site}.yaml").write_text(yaml.safe_dump({**local, "name": site, **fields}, sort_keys=False))
 
 
 def hand_context(tmp: Path, root: Path, name: str, base: str, python: str, uv: Path, installer: str) -> Path:
@@ -127,6 +138,16 @@ def docker_build(cli: str, ctx: Path, tag: str) -> float:
     subprocess.run([cli, "build", "--no-cache", "-q", "--network", "host", "-t", tag, "."], cwd=ctx, env=env,
                    check=True, capture_output=True)
     return time.monotonic() - t
+
+
+def first_import(image: str) -> float:
+    """Seconds of a fresh container's first `import torch` (bytecode compiled then or at build)."""
+    proc = subprocess.run(["docker", "run", "--rm", "--network", "none", image, "python", "-c",
+                           "import time; t = time.monotonic(); import torch; print(time.monotonic() - t)"],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"import torch in {image} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return float(proc.stdout.split()[-1])
 
 
 def main() -> int:
@@ -169,15 +190,18 @@ def main() -> int:
 
         def note(key: str, seconds: float) -> None:
             times.setdefault(key, []).append(seconds)
-            print(f"    {key:<24} {seconds:7.1f}s", flush=True)
+            print(f"    {key:<32} {seconds:7.1f}s", flush=True)
 
         for r in range(args.repeat):
             print(f"round {r + 1}/{args.repeat}", flush=True)
-            for installer in ("pip", "uv"):
+            images = {}
+            for key, site in DOCKER_VARIANTS.items():
                 settle()
-                s, _ = envport(root, "build", name, "--target", "docker", "--rebuild", "--no-cache",
-                               "--site", f"bench-{installer}")
-                note(f"docker_{installer}", s)
+                s, out = envport(root, "build", name, "--target", "docker", "--rebuild", "--no-cache", "--site", site)
+                note(key, s)
+                images[key] = out["steps"][-1]["data"]["image"]
+            for key, image in images.items():
+                note(f"import_torch_{key.removeprefix('docker_')}", first_import(image))
             for installer, tag in zip(("pip", "uv"), hand_tags):
                 settle()
                 note(f"hand_{installer}", docker_build(cli, hand[installer], tag))
@@ -206,17 +230,20 @@ def main() -> int:
         "venv locked/unlocked": ("venv_pip", "venv_pip_unlocked", 1.0),
         "envport pip / hand pip": ("docker_pip", "hand_pip", 1.0),
         "envport uv / hand uv": ("docker_uv", "hand_uv", 1.1),
+        "docker uv, bytecode: build / pip": ("docker_uv_bytecode_build", "docker_pip", None),
+        "import torch, uv / pip image": ("import_torch_uv", "import_torch_pip", None),
     }
     ratios = {k: (statistics.median(a / b for a, b in zip(times[num], times[den])), goal)
               for k, (num, den, goal) in pairs.items()}
     of_medians = {k: med[num] / med[den] for k, (num, den, _) in pairs.items()}
     print(f"medians of {args.repeat} round(s), whole processes:")
     for k, v in med.items():
-        print(f"    {k:<24} {v:7.1f}s")
+        print(f"    {k:<32} {v:7.1f}s")
     print("ratios, the median of each round's own (the ratio of the medians in brackets):")
     for k, (ratio, goal) in ratios.items():
-        print(f"    {k:<24} {ratio:6.2f}  ({of_medians[k]:.2f})  (goal <= {goal})"
-              f"{'' if ratio <= goal else '  MISSED'}")
+        verdict = "(no goal: the trade-off)" if goal is None else \
+            f"(goal <= {goal}){'' if ratio <= goal else '  MISSED'}"
+        print(f"    {k:<34} {ratio:6.2f}  ({of_medians[k]:.2f})  {verdict}")
     results = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "client": cli, "envport": __version__,

@@ -108,6 +108,39 @@ def test_demo_image_with_uv_freezes_to_the_lock(demo_image, session_project):
     ls = subprocess.run(["docker", "run", "--rm", tag, "sh", "-c", "ls -A /opt/envport-tools; which uv || true"],
                         capture_output=True, text=True, timeout=120)
     assert ls.stdout.strip() == "", f"uv left in the image: {ls.stdout}"
+    # uv's own default leaves bytecode to the first import; pip compiled torch's while installing.
+    assert _torch_pycs(tag) == 0
+    assert _torch_pycs(demo_image.tag) > 1000
+
+
+def test_demo_sif_with_uv_freezes_to_the_lock(base_image, session_project):
+    from envport.engines.sif_run import ch_run_argv, ch_run_env, mounted
+    from tests.sif_fixtures import build_sif, require_sif_tools
+
+    require_sif_tools()
+    # lz4: the squashfs of torch is the slow part of a SIF, and its compression is not what is tested here
+    site = write_site(session_project, "uv-sif", installer="uv", apptainer={"compression": "lz4"})
+    sif = build_sif(session_project, ENV_NAME, site)
+    with mounted(sif.path) as mnt:
+        def inside(*argv: str) -> str:
+            proc = subprocess.run(ch_run_argv(str(mnt), argv), capture_output=True, text=True, timeout=300,
+                                  env=ch_run_env())
+            assert proc.returncode == 0, proc.stderr
+            return proc.stdout
+
+        assert normalize_freeze(inside("python", "-m", "pip", "freeze").splitlines()) == _lock_freeze(session_project)
+        # uv was copied in for %post and removed; bytecode is left to the first import, as uv does.
+        assert inside("sh", "-c", "ls -A /opt/envport-build 2>/dev/null; command -v uv || true").strip() == ""
+        assert inside("sh", "-c", 'find "$VIRTUAL_ENV"/lib/python*/site-packages/torch -name "*.pyc" | wc -l').strip() \
+            == "0"
+
+
+def _torch_pycs(image: str) -> int:
+    count = subprocess.run(["docker", "run", "--rm", image, "sh", "-c",
+                            'find "$VIRTUAL_ENV"/lib/python*/site-packages/torch -name "*.pyc" | wc -l'],
+                           capture_output=True, text=True, timeout=120)
+    assert count.returncode == 0, count.stderr
+    return int(count.stdout)
 
 
 def test_no_lock_builds_unlocked_and_the_ledger_says_so(project, tmp_path):

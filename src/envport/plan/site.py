@@ -86,6 +86,11 @@ class Site(_Model):
     installer: Literal["pip", "uv"] = Field(
         default="pip", description="what installs each pip phase where the env is built: pip, or uv "
         "(`uv pip install`, from the PyPI wheel, kept outside the env); with a lock both give the same env")
+    bytecode: Optional[Literal["build", "first-import"]] = Field(
+        default=None, description="when the env's .py files are compiled to bytecode: `build` (while "
+        "installing) or `first-import`; unset: the installer's own default (pip: build, uv: first-import). "
+        "An image cannot keep what a run compiles, so with first-import every process compiles again what "
+        "it imports")
     lock: bool = Field(default=True, description="install each phase from specs/<name>.lock when the spec "
                        "has one that fits it; `envport build --no-lock` turns this off for one build")
 
@@ -97,6 +102,10 @@ class Site(_Model):
         except OSError as exc:
             raise EnvportError(f"site {self.name}: ca_bundle {self.ca_bundle}: {exc.strerror}; "
                                "fix the path in the site profile", exit_code=3) from None
+
+    def bytecode_mode(self) -> str:
+        """`build` or `first-import`: the profile's choice, else its installer's own default."""
+        return self.bytecode or ("first-import" if self.installer == "uv" else "build")
 
     def pip_source_args(self) -> list[str]:
         """pip arguments for this site's index, extra indexes and find-links."""
@@ -130,7 +139,8 @@ def apply_site(plan: Plan, site: Site) -> Plan:
             if ca:
                 steps.append(CaStep(CA_PATH_IN_ENV, hashlib.sha256(ca).hexdigest(), ca))
         elif isinstance(step, PipStep):
-            steps.append(dataclasses.replace(step, site_args=tuple(_site_pip_args(site)), installer=site.installer))
+            steps.append(dataclasses.replace(step, site_args=tuple(_site_pip_args(site)), installer=site.installer,
+                                             bytecode=site.bytecode_mode()))
         else:
             steps.append(step)
     return dataclasses.replace(plan, steps=tuple(steps))
@@ -155,11 +165,13 @@ def bootstrap_for(site: Site, image: str) -> tuple[str, str]:
 
 
 def apply_installer(plan: Plan, site: Site) -> Plan:
-    """A host build's plan keeps the host's own pip sources; only the site's installer reaches it."""
-    if site.installer == "pip":
+    """A host build's plan keeps the host's own pip sources; only the site's installer and its bytecode
+    mode reach it."""
+    if site.installer == "pip" and site.bytecode_mode() == "build":
         return plan
     return dataclasses.replace(plan, steps=tuple(
-        dataclasses.replace(s, installer=site.installer) if isinstance(s, PipStep) else s for s in plan.steps))
+        dataclasses.replace(s, installer=site.installer, bytecode=site.bytecode_mode()) if isinstance(s, PipStep)
+        else s for s in plan.steps))
 
 
 def _site_pip_args(site: Site) -> list[str]:

@@ -29,6 +29,14 @@ INSTALLERS = ("pip", "uv")
 # removed (.def) at CONTAINER_UV, or installed once per host beside the envs (shell scripts).
 UV_VERSION = "0.13.9"
 CONTAINER_UV = "/opt/envport-tools/uv"
+# When an env's .py files get their bytecode: while installing (pip's own default) or at their
+# first import (uv's).  A site chooses (plan/site.py); each installer is told only where it differs.
+BYTECODE_MODES = ("build", "first-import")
+# What a recipe runs after a pip phase whose bytecode is compiled at build.  pip itself compiles one
+# file after another (for torch, most of a cold install); this compiles the same files on every core,
+# skips what an earlier phase already compiled, and, as pip does, lets a file that does not compile go.
+COMPILE_SITE_PACKAGES = ("import compileall, sysconfig; "
+                         "compileall.compile_dir(sysconfig.get_path(\"purelib\"), quiet=2, workers=0)")
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class PipStep:
     locked: tuple[LockedDist, ...] = ()
     # Who installs it, set by the site profile: pip or uv (from the PyPI wheel, outside the env).
     installer: str = "pip"
+    # When bytecode is compiled (BYTECODE_MODES), set by the site profile with the installer.
+    bytecode: str = "build"
     kind: str = "pip"
 
     @property
@@ -137,6 +147,18 @@ class PipStep:
         name only from the first index that has it, where pip takes the best match of all of them."""
         spelled = {"--force-reinstall": "--reinstall", "--pre": "--prerelease=allow"}
         return ["--index-strategy", "unsafe-best-match"] + [spelled.get(a, a) for a in self.pip_args(requirements)]
+
+    def bytecode_args(self) -> list[str]:
+        """The installer's flag for this phase's bytecode mode.  uv compiles on every core when asked;
+        pip never compiles itself: where the mode is build, the recipe compiles after it
+        (`compiles_after`, COMPILE_SITE_PACKAGES)."""
+        if self.installer == "uv":
+            return ["--compile-bytecode"] if self.bytecode == "build" else []
+        return ["--no-compile"]
+
+    @property
+    def compiles_after(self) -> bool:
+        return self.installer == "pip" and self.bytecode == "build"
 
     def source_args(self) -> list[str]:
         """Where the spec says this phase's distributions come from."""
@@ -232,6 +254,9 @@ def _canonical(step: Step) -> dict:
                 dist.pop("url")
         if d["installer"] == "pip":
             d.pop("installer")
+        # Bytecode at build is what every pip and uv phase did before the mode existed.
+        if d["bytecode"] == "build":
+            d.pop("bytecode")
     return d
 
 

@@ -280,6 +280,11 @@ def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
     if cmd == "set" and all(w.startswith(("-", "+")) or w in ("pipefail", "errexit", "nounset", "xtrace")
                             for w in words[1:]):
         return "done"
+    if _compiles_bytecode(words):
+        if not ctx.rendered:  # envport's own recipes compile after each pip phase: nothing to say
+            ctx.note(line, seg, DROPPED, "compiles bytecode: envport compiles it after each pip phase "
+                     "(or leaves it to the first import, as the site's `bytecode` says)")
+        return "done"
     pip = _pip_words(words, line, ctx)
     if pip is not None:
         return _pip(pip, words, seg, line, ctx)
@@ -310,6 +315,13 @@ def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
     if cmd == "cd" and len(words) == 2 and words[1].startswith("/"):
         ctx.cwd = words[1]
     return "keep"
+
+
+def _compiles_bytecode(words: list[str]) -> bool:
+    """`python -m compileall ...`, or a `python -c` program that calls compileall."""
+    if not PYTHON_CMD.match(posixpath.basename(words[0])) or len(words) < 3:
+        return False
+    return words[1:3] == ["-m", "compileall"] or (words[1] == "-c" and "compileall.compile_" in words[2])
 
 
 def _rendered_noise(words: list[str], step: Optional[str], ctx: ShellContext) -> bool:

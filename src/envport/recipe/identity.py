@@ -120,4 +120,8 @@ def site_differences(loaded, site) -> list[str]:
         out.append("pip: " + " ".join(site.pip_source_args()))
     for src, dst in sorted(site.base_images.items()):
         out.append(f"base_images: {src} -> {dst}")
+    if site.installer != "pip":
+        out.append(f"installer: {site.installer} (installs each pip phase; never in the env)")
+    if site.bytecode_mode() != "build":
+        out.append("bytecode: first-import (.py files compiled when first imported, not while installing)")
     return out or ["the site's plan differs (see `envport show --json` hash_inputs)"]
