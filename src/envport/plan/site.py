@@ -87,8 +87,8 @@ class Site(_Model):
         default="pip", description="what installs each pip phase where the env is built: pip, or uv "
         "(`uv pip install`, from the PyPI wheel, kept outside the env); with a lock both give the same env")
     bytecode: Optional[Literal["build", "first-import"]] = Field(
-        default=None, description="when the env's .py files are compiled to bytecode: `build` (while "
-        "installing) or `first-import`; unset: the installer's own default (pip: build, uv: first-import). "
+        default=None, description="when the env's .py files are compiled to bytecode: `build` (each "
+        "phase's, before the next phase) or `first-import`; unset: the installer's own default (pip: build, uv: first-import). "
         "An image cannot keep what a run compiles, so with first-import every process compiles again what "
         "it imports")
     lock: bool = Field(default=True, description="install each phase from specs/<name>.lock when the spec "

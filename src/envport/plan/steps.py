@@ -29,9 +29,6 @@ INSTALLERS = ("pip", "uv")
 # removed (.def) at CONTAINER_UV, or installed once per host beside the envs (shell scripts).
 UV_VERSION = "0.13.9"
 CONTAINER_UV = "/opt/envport-tools/uv"
-# When an env's .py files get their bytecode: while installing (pip's own default) or at their
-# first import (uv's).  A site chooses (plan/site.py); each installer is told only where it differs.
-BYTECODE_MODES = ("build", "first-import")
 # What a recipe runs after a pip phase whose bytecode is compiled at build.  pip itself compiles one
 # file after another (for torch, most of a cold install); this compiles the same files on every core,
 # skips what an earlier phase already compiled, and, as pip does, lets a file that does not compile go.
@@ -108,7 +105,8 @@ class PipStep:
     locked: tuple[LockedDist, ...] = ()
     # Who installs it, set by the site profile: pip or uv (from the PyPI wheel, outside the env).
     installer: str = "pip"
-    # When bytecode is compiled (BYTECODE_MODES), set by the site profile with the installer.
+    # When its .py files are compiled: "build" (before the next phase) or "first-import", set by the
+    # site profile with the installer (Site.bytecode_mode; bytecode_args says how each is told).
     bytecode: str = "build"
     kind: str = "pip"
 
