@@ -40,8 +40,7 @@ def bootstrap(base) -> tuple[str, str]:
 
 
 def _pip_args(step) -> list[str]:
-    args = step.bytecode_args() + (step.uv_args() if step.installer == "uv" else step.pip_args())
-    return [BUILD_WHEELHOUSE if a == PLAN_WHEELHOUSE else a for a in args]
+    return [BUILD_WHEELHOUSE if a == PLAN_WHEELHOUSE else a for a in step.install_args()]
 
 
 def render(plan, hash_: str) -> dict[str, str]:

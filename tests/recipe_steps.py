@@ -113,8 +113,8 @@ def def_markers(text: str) -> list[str]:
         elif line.startswith("export ") and steps and steps[-1] in ("python", "env"):
             kind = "env" if not line.startswith(("export VIRTUAL_ENV=", "export PATH=")) else "python"
         elif steps and steps[-1] in ("system", "labels") or line.startswith("rm -rf /root/.cache/pip") \
-                or line.startswith("export ENVPORT_NAME="):
-            continue  # the rest of an apt, pip or labels step
+                or line.startswith("export ENVPORT_NAME=") or line.startswith("python -c 'import compileall"):
+            continue  # the rest of an apt, pip (its bytecode compiled after it) or labels step
         else:
             kind = "run"
         if not steps or steps[-1] != kind:

@@ -40,7 +40,7 @@ def test_dockerfile_parity(root, name):
     # Each pip phase is one RUN whose arguments are exactly the phase's, in order.
     pip_runs = [v for m, v in steps if m.startswith("pip-")]
     pip_steps = [s for s in plan.steps if s.kind == "pip"]
-    assert [pip_args_of(v) for v in pip_runs] == [s.pip_args() for s in pip_steps]
+    assert [pip_args_of(v) for v in pip_runs] == [s.install_args() for s in pip_steps]
 
 
 @pytest.mark.parametrize("root,name", CASES, ids=IDS)
@@ -51,7 +51,7 @@ def test_def_parity(root, name):
     stage = def_recipe(text)
     assert stage.fromHeader == plan.steps[0].image
     pip_lines = [ln for ln in stage.install if ln.startswith("python -m pip install")]
-    assert [shlex.split(ln)[6:] for ln in pip_lines] == [s.pip_args() for s in plan.steps if s.kind == "pip"]
+    assert [shlex.split(ln)[6:] for ln in pip_lines] == [s.install_args() for s in plan.steps if s.kind == "pip"]
     assert any(lb == f"envport.hash {h}" for lb in stage.labels)
 
 
@@ -112,4 +112,4 @@ def test_script_parity(root, name, flavour):
             # A locked phase reads the requirements the script writes into the env it builds.
             req = f' -r "$BUILD/.envport/locks/{step.marker}.txt"' if step.locked else ""
             assert "-m pip install --disable-pip-version-check " + " ".join(
-                shlex.quote(a) for a in step.pip_args("")) + req in text
+                shlex.quote(a) for a in step.install_args("")) + req in text

@@ -365,7 +365,7 @@ def check_dockerfile(text: str, plan, spec: Spec, hash_: str, workdir: Path) -> 
             assert words[start:start + len(step.packages)] == list(step.packages)
         elif marker.startswith("pip-"):
             assert kinds == ["RUN"]
-            assert pip_words(instructions[0]["value"]) == step.pip_args()
+            assert pip_words(instructions[0]["value"]) == step.install_args()
         elif marker == "files":
             assert [json.loads(i["value"]) for i in instructions] == [[f.source, f.dest] for f in step.files]
         elif marker == "run":
@@ -408,7 +408,7 @@ def check_def(text: str, plan, spec: Spec, hash_: str, path: Path) -> None:
         if marker == "run":
             assert lines[1:] == list(step.commands)
     pips = [shlex.split(ln)[len(PIP_HEAD):] for ln in stage.install if ln.startswith("python -m pip install")]
-    assert pips == [s.pip_args() for s in plan.steps if s.kind == "pip"]
+    assert pips == [s.install_args() for s in plan.steps if s.kind == "pip"]
     shims = [f for s in plan.steps if s.kind == "files" for f in s.files]
     assert [shlex.split(f) for f in stage.files] == [[f.source, f.dest] for f in shims]
     # spython strips each line, so a label value's trailing spaces are not observable here.
@@ -425,7 +425,7 @@ def check_script(text: str, plan) -> None:
     for step in plan.steps:
         if step.kind == "pip":  # each phase its own pip call, its arguments quoted
             assert ' -m pip install --disable-pip-version-check ' + " ".join(
-                shlex.quote(a) for a in step.pip_args()) + "\n" in text
+                shlex.quote(a) for a in step.install_args()) + "\n" in text
 
 
 def env_block(text: str) -> list[str]:

@@ -154,6 +154,12 @@ class PipStep:
             return ["--compile-bytecode"] if self.bytecode == "build" else []
         return ["--no-compile"]
 
+    def install_args(self, requirements: str | None = None) -> list[str]:
+        """What every recipe writes after `pip install` (or `uv pip install --python PY`) for this phase:
+        the bytecode flag, then the phase's own arguments (`requirements` as in pip_args)."""
+        own = self.uv_args(requirements) if self.installer == "uv" else self.pip_args(requirements)
+        return self.bytecode_args() + own
+
     @property
     def compiles_after(self) -> bool:
         return self.installer == "pip" and self.bytecode == "build"
