@@ -22,6 +22,8 @@ from tests.support import (BUILD_TIMEOUT, ENV_NAME, as_json, cli_env, fail_with,
 from tests.test_lock import PY, local_phase, make_wheel
 
 COLLIDING = "envport_collide/data.txt"
+# How many .pyc files torch has in an env's venv (run inside the image or SIF).
+COUNT_TORCH_PYCS = 'find "$VIRTUAL_ENV"/lib/python*/site-packages/torch -name "*.pyc" | wc -l'
 
 
 def _collide_project(root: Path, first: str, second: str) -> Path:
@@ -131,14 +133,12 @@ def test_demo_sif_with_uv_freezes_to_the_lock(base_image, session_project):
         assert normalize_freeze(inside("python", "-m", "pip", "freeze").splitlines()) == _lock_freeze(session_project)
         # uv was copied in for %post and removed; bytecode is left to the first import, as uv does.
         assert inside("sh", "-c", "ls -A /opt/envport-build 2>/dev/null; command -v uv || true").strip() == ""
-        assert inside("sh", "-c", 'find "$VIRTUAL_ENV"/lib/python*/site-packages/torch -name "*.pyc" | wc -l').strip() \
-            == "0"
+        assert inside("sh", "-c", COUNT_TORCH_PYCS).strip() == "0"
 
 
 def _torch_pycs(image: str) -> int:
-    count = subprocess.run(["docker", "run", "--rm", image, "sh", "-c",
-                            'find "$VIRTUAL_ENV"/lib/python*/site-packages/torch -name "*.pyc" | wc -l'],
-                           capture_output=True, text=True, timeout=120)
+    count = subprocess.run(["docker", "run", "--rm", image, "sh", "-c", COUNT_TORCH_PYCS], capture_output=True,
+                           text=True, timeout=120)
     assert count.returncode == 0, count.stderr
     return int(count.stdout)
 
