@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import jsonschema
 import pytest
 
-from envport.report.doctor import collect, driver_check, env_arch, gpu_configurations, render_infra_md, render_text
+from envport.report.doctor import (collect, driver_check, env_arch, gpu_configurations, render_infra_md, render_text,
+                                   usable_gpus)
 from .fake_gpu import H200, TOPO_4_NVLINK, fake_nvidia_smi, path_with
 from .support import REPO, run_envport, torch_python
 
@@ -216,3 +218,65 @@ def test_driver_against_torchs_cuda_build(driver, driver_cuda, torch_cuda, ok, f
     assert (d["ok"], d["floor"]) == (ok, floor)
     if ok is False:
         assert f">= {floor}" in d["detail"] and "fix: upgrade the driver" in d["detail"]
+
+
+# --- nvidia-smi and torch disagree (issue 28, defect 4) ------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_gpus_a_cpu_torch_cannot_use_are_not_testable(tmp_path, project, n):
+    """nvidia-smi (fake) lists N H200s; the probed torch is the real CPU build.  The doctor claimed "kernel
+    witness, NCCL up to world N run here, route local"; it now counts what torch can use and says why."""
+    fake_nvidia_smi(tmp_path / "bin", [dict(H200) for _ in range(n)])
+    env = {**os.environ, "PATH": path_with(tmp_path / "bin")}
+    proc = run_envport("doctor", "--json", "--python", torch_python(), root=project, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    validate(report)
+    t = report["testable"]
+    assert (t["free_gpus"], t["tier"], t["route"]) == (0, "none", "slurm")
+    assert f"nvidia-smi lists {n} free GPU(s) but torch 2.13.0+cpu" in t["note"]
+    assert "can use 0: it is a CPU-only build; counted 0" in t["note"]
+    assert "kernel witness" not in report["verdict"] and "NCCL up to" not in report["verdict"]
+
+
+def test_usable_gpus_names_the_cause_and_trusts_nvidia_smi_only_without_torch(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cuda = {"available": True, "version": "2.11.0+cu130", "cuda": "13.0", "python": "py", "devices": []}
+    assert usable_gpus(2, cuda, {"ok": False}) == (
+        0, "nvidia-smi lists 2 free GPU(s) but torch 2.11.0+cu130 in py can use 0: the driver is older than its "
+           "CUDA 13.0 build; counted 0")
+    one = dict(cuda, devices=[{"index": 0}])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert usable_gpus(4, one, {"ok": True})[1].endswith("CUDA_VISIBLE_DEVICES='0' hides the rest; counted 1")
+    assert usable_gpus(1, one, {"ok": True}) == (1, "")
+    broken = {"available": False, "error": "ImportError: libcudart.so.13: cannot open shared object file"}
+    assert usable_gpus(1, broken, {}) == (
+        1, "counted by nvidia-smi alone: torch could not be probed (ImportError: libcudart.so.13: cannot open "
+           "shared object file)")
+    assert usable_gpus(0, broken, {}) == (0, "")
+
+
+def test_text_rendered_from_saved_json_probes_nothing(tmp_path, project):
+    """gpu-check.sh probes once and renders the text from the same JSON (issue 28, defect 2)."""
+    proc = run_envport("doctor", "--json", "--no-torch", root=project, timeout=120)
+    saved = tmp_path / "doctor.json"
+    saved.write_text(proc.stdout)
+    again = run_envport("doctor", "--from-json", str(saved), root=project, timeout=60)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(proc.stdout)
+    assert again.stdout == render_text(report)
+    saved.write_text("{}")
+    bad = run_envport("doctor", "--from-json", str(saved), root=project, timeout=60)
+    assert bad.returncode == 2 and f"{saved}: not a saved `envport doctor --json` report" in bad.stderr
+
+
+def test_infra_md_names_paths_relative_to_the_root_or_home(tmp_path):
+    """docs/infra.md is committed: it named this machine's checkout and venv by absolute path (defect 10)."""
+    report = collect(probe_torch=False, workdir=tmp_path)
+    report["torch"] = {**report["torch"], "python": str(tmp_path / ".cache" / "witness-venv" / "bin" / "python")}
+    text = render_infra_md(report, tmp_path)
+    assert "`.cache/witness-venv/bin/python`" in text and "free at `.`" in text
+    assert str(tmp_path) not in text
+    report["torch"]["python"] = str(Path.home() / "venvs" / "t" / "bin" / "python")
+    assert "`~/venvs/t/bin/python`" in render_infra_md(report, tmp_path)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from envport.core.verdict import Verdict
+from envport.core.verdict import StepResult, Verdict
 from envport.engines.gpu import GpuCensus, census_from_gres, gpu_count, gpu_inventory, topology, topology_pairs
 from envport.spec.model import Spec
 from envport.witness.launchers.base import LaunchResult
 from envport.witness.launchers.local import LocalLauncher
-from envport.witness.run import WitnessCall, WitnessOptions, call_results, plan_witnesses, run_witnesses
+from envport.witness.run import (WitnessCall, WitnessOptions, call_results, plan_witnesses, run_witnesses,
+                                with_outcomes)
 from envport.witness.scripts import dist
 from .fake_gpu import H200, TOPO_4_NVLINK, fake_nvidia_smi, path_with
 from .support import torch_python
@@ -125,9 +126,9 @@ def test_one_gpu_runs_nccl_at_world_1_and_skips_the_rest_with_the_reason():
     ]
     assert [(r.step, r.verdict, r.detail) for r in planned.skipped] == [
         ("collectives (world 2, nccl)", Verdict.SKIPPED,
-         "needs 2 GPUs, this host has 1; ran at world 1 on NCCL and 2 on gloo"),
+         "needs 2 GPUs, this host has 1; instead: collectives (world 1, nccl) and collectives (world 2)"),
         ("dtensor (mesh 2x2, nccl)", Verdict.SKIPPED,
-         "needs 4 GPUs, this host has 1; ran mesh 1 on NCCL and 2x2 on gloo"),
+         "needs 4 GPUs, this host has 1; instead: dtensor (mesh 1, nccl) and dtensor (mesh 2x2)"),
     ]
 
 
@@ -142,7 +143,8 @@ def test_nine_gpu_mesh_on_four_gpus_runs_the_largest_square():
     planned = plan_witnesses(gpu_spec(4, [3, 3]), WitnessOptions(), GpuCensus(4, 4))
     nccl = [(w, ch, m) for _, b, w, ch, m, _ in shape(planned) if b == "nccl"]
     assert nccl == [(4, ["collectives", "dtensor"], [2, 2])]
-    assert [r.detail for r in planned.skipped] == ["needs 9 GPUs, this host has 4; ran mesh 2x2 on NCCL and 3x3 on gloo"]
+    assert [r.detail for r in planned.skipped] == [
+        "needs 9 GPUs, this host has 4; instead: dtensor (mesh 2x2, nccl) and dtensor (mesh 3x3)"]
 
 
 def test_no_gpus_plans_gloo_only_and_a_cpu_kernel():
@@ -186,6 +188,8 @@ def test_one_listed_gpu_that_torch_cannot_use_fails_with_torchs_words(tmp_path, 
     assert nccl.detail == "world size 1 needs 1 GPUs, torch sees 0"  # the group's error, not "no report"
     skipped = results["collectives (world 2, nccl)"]
     assert skipped.verdict is Verdict.SKIPPED and skipped.detail.startswith("needs 2 GPUs, this host has 1")
+    # The SKIPPED line says how the runs in its place ended: the world-1 NCCL run FAILED (issue 28, defect 5).
+    assert skipped.detail.endswith("instead: collectives (world 1, nccl) FAILED and collectives (world 2) OK")
 
 
 def test_no_gpu_anywhere_refuses_naming_both_counts(tmp_path, monkeypatch):
@@ -244,6 +248,60 @@ def test_nccl_duplicate_gpu_from_the_ranks_reaches_the_verdict_with_the_fix():
     assert res.detail.startswith("ranks 0, 1: RuntimeError: NCCL error in:")
     assert res.detail.endswith("Last error: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10")
     assert res.lines == [dist.SHARE_FIX]
+
+
+def test_ok_line_counts_only_ops_that_ran_and_world_1_nccl_says_it_moved_nothing():
+    """A skipped op was counted as exact, and a world-1 NCCL group read as GPU-to-GPU proof (issue 28, defect 5)."""
+    ops = [{"op": "all_reduce", "ok": True}, {"op": "broadcast", "ok": True},
+           {"op": "all_to_all", "ok": True, "skipped": "not on this backend"}]
+    recs = [{"check": "collectives", "rank": 0, "ok": True, "backend": "nccl", "device": "cuda", "ops": ops}]
+    call = WitnessCall("dist.py", [], ["collectives"], 60, "", world=1, backend="nccl")
+    (res,) = call_results(gpu_spec(), call, _launched(recs, rc=0))
+    assert res.verdict is Verdict.OK
+    assert res.detail == ("1 ranks on nccl/cuda, 2 ops exact on every rank (skipped: all_to_all) "
+                          "(world 1: NCCL ran on one GPU and moved no data between GPUs)")
+    two = [dict(recs[0], rank=r) for r in (0, 1)]
+    (res,) = call_results(gpu_spec(), WitnessCall("dist.py", [], ["collectives"], 60, "", world=2, backend="nccl"),
+                          _launched(two, rc=0))
+    assert "moved no data" not in res.detail and "2 ops exact" in res.detail
+
+
+def test_skipped_lines_name_the_real_outcome_of_what_ran_instead():
+    planned = plan_witnesses(gpu_spec(2, [2, 2]), WitnessOptions(), GpuCensus(1, 1))
+    ran = {"collectives (world 1, nccl)": StepResult("collectives (world 1, nccl)", Verdict.FAILED, "boom"),
+           "collectives (world 2)": StepResult("collectives (world 2)", Verdict.OK, "fine"),
+           "dtensor (mesh 2x2)": StepResult("dtensor (mesh 2x2)", Verdict.OK, "fine")}
+    out = with_outcomes(planned.skipped, ran)
+    assert [r.detail for r in out] == [
+        "needs 2 GPUs, this host has 1; instead: collectives (world 1, nccl) FAILED and collectives (world 2) OK",
+        # dtensor's NCCL run never reported (killed, say): the plan's words stay, nothing is made up
+        "needs 4 GPUs, this host has 1; instead: dtensor (mesh 1, nccl) and dtensor (mesh 2x2)"]
+
+
+@pytest.mark.parametrize("n,world,mesh,nccl,skips", [
+    (0, 2, [2, 2], [], 0),
+    (1, 2, [2, 2], [(1, ["collectives", "dtensor"], [1])], 2),
+    (2, 2, [2, 2], [(2, ["collectives", "dtensor"], [2])], 1),
+    (4, 4, [2, 2], [(4, ["collectives", "dtensor"], [2, 2])], 0),
+    (8, 8, [2, 2], [(8, ["collectives"], []), (4, ["dtensor"], [2, 2])], 0),
+    (9, 9, [3, 3], [(9, ["collectives", "dtensor"], [3, 3])], 0),
+])
+def test_gpu_check_spec_uses_every_gpu(n, world, mesh, nccl, skips):
+    """scripts/gpu-check.sh sized its spec at world 2 and a 2x2 mesh whatever the host had: on 8 GPUs NCCL never
+    ran at 8 (issue 28, defect 6).  The script's own spec, planned for N GPUs torch can use."""
+    import subprocess
+
+    import yaml
+
+    from .support import REPO
+
+    text = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "spec", str(n)], capture_output=True,
+                          text=True, check=True, timeout=30).stdout
+    spec = Spec(**yaml.safe_load(text))
+    assert (spec.witnesses.collectives.world_size, list(spec.witnesses.dtensor.mesh)) == (world, mesh)
+    planned = plan_witnesses(spec, WitnessOptions(), GpuCensus(n, n))
+    assert [(w, ch, m) for _, b, w, ch, m, _ in shape(planned) if b == "nccl"] == nccl
+    assert len(planned.skipped) == skips
 
 
 def test_kernel_no_kernel_image_names_the_build_or_the_extension():

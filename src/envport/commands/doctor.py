@@ -16,8 +16,10 @@ def register(sub) -> None:
         "driver, torch/CUDA/NCCL as an interpreter sees them, torch's arch list vs every GPU, free disk "
         "vs the ~150 GB recommendation, /dev/shm, docker/apptainer/srun/ssh, and which configurations "
         "are testable here (one GPU runs the kernel witness, NCCL at world 1 and a 1-D mesh locally; a 2-D "
-        "mesh needs a perfect square >= 4 free GPUs; no GPU: Slurm). GPUs are counted by nvidia-smi and by "
-        "the probed torch, whichever sees more; the driver is compared with torch's CUDA build. "
+        "mesh needs a perfect square >= 4 free GPUs; no GPU: Slurm). Once the probed torch answers, the "
+        "testable GPUs are the ones it can use (a CPU-only torch or a too-old driver uses none of those "
+        "nvidia-smi lists, and the note says why); nvidia-smi's count alone decides only where torch "
+        "cannot be probed. The driver is compared with torch's CUDA build. "
         "--env NAME judges an env's torch arch list against its sm_range without a GPU (exit 3 when "
         "it cannot cover it).")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.schema.json)")
@@ -25,12 +27,16 @@ def register(sub) -> None:
     p.add_argument("--python", default=None, help="interpreter whose torch to probe (default: this one)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch probe (it imports torch: seconds)")
     p.add_argument("--write-docs", action="store_true", help="write docs/infra.md (the launch recipe) under the root")
+    p.add_argument("--from-json", metavar="FILE", default=None,
+                   help="render a report `doctor --json` saved before, probing nothing (one probe, two renderings)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from envport.report.doctor import collect, render_infra_md, render_text
 
+    if args.from_json:
+        return _rendered(args.from_json)
     spec = None
     root = None
     if args.env or args.write_docs:
@@ -45,7 +51,7 @@ def run(args) -> int:
     if args.write_docs:
         path = Path(root) / "docs" / "infra.md"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_infra_md(report), encoding="utf-8")
+        path.write_text(render_infra_md(report, Path(root)), encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)
     if args.json:
         code = EXIT_REFUSED if report.get("env") and report["env"].get("ok") is False else EXIT_OK
@@ -57,3 +63,19 @@ def run(args) -> int:
     if report.get("env") and report["env"].get("ok") is False:
         return EXIT_REFUSED
     return EXIT_OK
+
+
+def _rendered(path: str) -> int:
+    """The text of a saved `doctor --json` report; exit 2 naming the file when it is not one."""
+    from envport.core.verdict import EXIT_USAGE
+    from envport.report.doctor import render_text
+
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = render_text(report)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"doctor: {path}: not a saved `envport doctor --json` report ({type(exc).__name__}: {exc}); "
+              "fix: pass the file `envport doctor --json > FILE` wrote", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.write(text)
+    return report.get("exit_code", EXIT_OK)

@@ -9,8 +9,11 @@ The GPU count decides what is testable here: collectives and DTensor run
 anywhere on gloo/CPU; one free GPU already runs the kernel witness, NCCL at
 world 1 and a size-1 mesh locally (NCCL worlds up to the free GPUs); a 2-D
 square mesh on GPUs needs a perfect square >= 4 of them and full integration
-wants 8; with no GPU the GPU witnesses go through Slurm.  GPUs are counted by
-nvidia-smi and by the probed torch, whichever sees more.
+wants 8; with no GPU the GPU witnesses go through Slurm.  What is testable is
+counted by the probed torch once it answered (a CPU-only torch or a driver
+older than torch's CUDA build uses none of the GPUs nvidia-smi lists, and the
+note says which); nvidia-smi's count alone decides only where torch could not
+be probed.
 """
 
 from __future__ import annotations
@@ -141,8 +144,8 @@ def tools() -> dict:
     return out
 
 
-def gpu_configurations(free_gpus: int) -> dict:
-    """Free GPU count -> what can be proven here, and which route the rest takes."""
+def gpu_configurations(free_gpus: int, why: str = "") -> dict:
+    """Free GPU count -> what can be proven here, and which route the rest takes (`why`: how it was counted)."""
     side = math.isqrt(free_gpus)
     mesh_2d = [side, side] if side >= 2 else None
     if free_gpus >= 8:
@@ -161,8 +164,36 @@ def gpu_configurations(free_gpus: int) -> dict:
         tier, route = "none", "slurm"
         note = ("no free GPU: GPU witnesses go through Slurm; collectives and DTensor still run here on "
                 "CPU (gloo)")
+    if why:
+        note += f" ({why})"
     return {"free_gpus": free_gpus, "max_gpu_world_size": free_gpus, "mesh_2d": mesh_2d,
             "tier": tier, "route": route, "cpu_gloo": True, "note": note}
+
+
+def usable_gpus(free: int, torch_info: dict, driver: dict) -> tuple[int, str]:
+    """Free GPUs the probed torch can use, and why fewer than nvidia-smi lists ("" when none are lost).
+
+    Once torch answered, its device count caps the free ones: nvidia-smi lists
+    GPUs a CPU-only torch or a too-old driver cannot use.  Where torch could
+    not be probed, nvidia-smi's count stands, and the note says it is unconfirmed.
+    """
+    if not torch_info.get("available"):
+        if free and torch_info.get("error") != "not probed":
+            return free, f"counted by nvidia-smi alone: torch could not be probed ({torch_info.get('error')})"
+        return free, ("counted by nvidia-smi alone: torch not probed" if free else "")
+    seen = len(torch_info.get("devices") or [])
+    if free <= seen:
+        return free, ""
+    if not torch_info.get("cuda"):
+        cause = "it is a CPU-only build"
+    elif driver.get("ok") is False:
+        cause = f"the driver is older than its CUDA {torch_info['cuda']} build"
+    elif os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        cause = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} hides the rest"
+    else:
+        cause = "; ".join(torch_info.get("warnings") or []) or "torch.cuda.is_available() is False"
+    return seen, (f"nvidia-smi lists {free} free GPU(s) but torch {torch_info.get('version')} in "
+                  f"{torch_info.get('python')} can use {seen}: {cause}; counted {seen}")
 
 
 def _version_tuple(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -270,6 +301,8 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
                        torch_seen)
     # GPUs torch sees that nvidia-smi does not list (a sandbox) count as free: nothing says otherwise.
     free = len([g for g in inv["gpus"] if not g["in_use"]]) + max(0, census.count - len(inv["gpus"]))
+    driver = driver_check(inv["driver"], inv["cuda_driver"], torch_info.get("cuda"))
+    free, why = usable_gpus(free, torch_info, driver)
     topo = topology()
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -283,12 +316,12 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
         "topology": topo,
         "topology_pairs": topology_pairs(topo),
         "torch": torch_info,
-        "driver": driver_check(inv["driver"], inv["cuda_driver"], torch_info.get("cuda")),
+        "driver": driver,
         "arch": arch_vs_gpus(torch_info, inv["gpus"]),
         "disk": disk(workdir or Path.cwd()),
         "shm": shm(),
         "tools": tools(),
-        "testable": gpu_configurations(free),
+        "testable": gpu_configurations(free, why),
         "hardening_env": dict(HARDENING_ENV),
         "witness_env": dict(WITNESS_ENV),
     }
@@ -404,7 +437,25 @@ def _infra_template():
     return ENV.overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent))).get_template(INFRA_TEMPLATE)
 
 
-def render_infra_md(report: dict) -> str:
-    """docs/infra.md: what this host is and the launch recipe every multi-rank run reuses."""
-    return _infra_template().render(r=report, hardening_env=HARDENING_ENV, witness_env=WITNESS_ENV,
+def portable_path(path: Optional[str], root: Optional[Path]) -> Optional[str]:
+    """`path` as a committed record may name it: relative to the project root, else under `~`, else as is
+    (a system path such as /usr/bin/python3 names no one's checkout)."""
+    if not path:
+        return path
+    given = Path(path)
+    if root is not None and given.is_relative_to(root):
+        return given.relative_to(root).as_posix()  # "." for the root itself
+    if given.is_relative_to(Path.home()):
+        return "~/" + given.relative_to(Path.home()).as_posix()
+    return path
+
+
+def render_infra_md(report: dict, root: Optional[Path] = None) -> str:
+    """docs/infra.md: what this host is and the launch recipe every multi-rank run reuses.
+
+    It is committed, so the interpreter and the disk it names are written relative to
+    the project `root` (or `~`), never as this machine's absolute paths."""
+    shown = {**report, "torch": {**report["torch"], "python": portable_path(report["torch"].get("python"), root)},
+             "disk": {**report["disk"], "path": portable_path(report["disk"]["path"], root)}}
+    return _infra_template().render(r=shown, hardening_env=HARDENING_ENV, witness_env=WITNESS_ENV,
                                     mib=_mib, gb=_gb)

@@ -105,6 +105,8 @@ def _wanted(check: str, opts: WitnessOptions) -> bool:
     return not opts.only or check in opts.only
 
 
+# A one-rank NCCL group proves NCCL starts and runs its kernels on this GPU; it sends nothing anywhere.
+WORLD1_CAVEAT = "world 1: NCCL ran on one GPU and moved no data between GPUs"
 UNCOUNTED = 1 << 20  # "as many GPUs as the worlds need": no census was taken
 
 
@@ -174,10 +176,15 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
         if mesh:
             group_mesh[:] = mesh
 
-    def skip(check: str, world: int, mesh: Optional[list[int]], ran: str) -> None:
-        call = WitnessCall("dist.py", [], [check], 0, "", world=world, mesh=list(mesh or []), backend="nccl")
-        skipped.append(StepResult(call.step_name(check), Verdict.SKIPPED,
-                                  f"needs {world} GPUs, {where} has {gpus}; {ran}"))
+    def step_call(backend: str, world: int, mesh: Optional[list[int]] = None) -> WitnessCall:
+        return WitnessCall("dist.py", [], [], 0, "", world=world, mesh=list(mesh or []), backend=backend)
+
+    def skip(check: str, world: int, mesh: Optional[list[int]], nccl: WitnessCall, gloo: WitnessCall) -> None:
+        # The plan says what will run in its place; with_outcomes() puts in how each run ended.
+        ran = [nccl.step_name(check), gloo.step_name(check)]
+        skipped.append(StepResult(step_call("nccl", world, mesh).step_name(check), Verdict.SKIPPED,
+                                  f"needs {world} GPUs, {where} has {gpus}; instead: {' and '.join(ran)}",
+                                  data={"instead": ran}))
 
     if _wanted("collectives", opts) and (w.collectives or "collectives" in opts.only or opts.world_size):
         world = opts.world_size or (w.collectives.world_size if w.collectives else 2)
@@ -185,7 +192,7 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
         if gpus:
             add("nccl", min(world, gpus), "collectives")
             if world > gpus:
-                skip("collectives", world, None, f"ran at world {gpus} on NCCL and {world} on gloo")
+                skip("collectives", world, None, step_call("nccl", gpus), step_call("gloo", world))
     if _wanted("dtensor", opts) and w.dtensor:
         mesh = list(w.dtensor.mesh)
         add("gloo", math.prod(mesh), "dtensor", mesh)
@@ -193,8 +200,8 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
             fitted = fit_mesh(mesh, gpus)
             add("nccl", math.prod(fitted), "dtensor", fitted)
             if fitted != mesh:
-                skip("dtensor", math.prod(mesh), mesh,
-                     f"ran mesh {'x'.join(map(str, fitted))} on NCCL and {'x'.join(map(str, mesh))} on gloo")
+                skip("dtensor", math.prod(mesh), mesh, step_call("nccl", math.prod(fitted), fitted),
+                     step_call("gloo", math.prod(mesh), mesh))
     # gloo first (the spec's own worlds), then NCCL; stable within each.
     for (backend, world), (checks, mesh) in sorted(groups.items(), key=lambda kv: kv[0][0] == "nccl"):
         args = ["--checks", ",".join(checks), "--world-size", str(world),
@@ -297,6 +304,7 @@ def _run_planned(spec: Spec, launcher, opts: WitnessOptions, add: Callable[[list
     if census is not None and (census.count > 0 or census.note):
         add([_census_result(census, words)])
     planned = plan_witnesses(spec, opts, census)
+    ran: dict[str, StepResult] = {}
     if not planned.calls:
         add([StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --only left none)")])
         return
@@ -307,8 +315,25 @@ def _run_planned(spec: Spec, launcher, opts: WitnessOptions, add: Callable[[list
         if call.script == "dist.py":
             args += ["--launch", "spawn" if launcher.spawns_ranks else "external"]
         launched = launcher.run(call.script, args, env, call.deadline_s + LAUNCH_MARGIN_S, opts.on_line)
-        add(call_results(spec, call, launched))
-    add(planned.skipped)
+        got = call_results(spec, call, launched)
+        ran.update((r.step, r) for r in got)
+        add(got)
+    add(with_outcomes(planned.skipped, ran))
+
+
+def with_outcomes(skipped: Sequence[StepResult], ran: dict[str, StepResult]) -> list[StepResult]:
+    """The SKIPPED lines with how the runs in their place really ended ("... FAILED"), not what was planned."""
+    out = []
+    for r in skipped:
+        instead = r.data.get("instead") or []
+        if not instead or not all(step in ran for step in instead):
+            out.append(r)
+            continue
+        head = r.detail.split("; instead: ")[0]
+        ends = " and ".join(f"{step} {ran[step].verdict.value}" for step in instead)
+        out.append(StepResult(r.step, r.verdict, f"{head}; instead: {ends}", reason=r.reason, lines=r.lines,
+                              data=r.data))
+    return out
 
 
 def call_results(spec: Spec, call: WitnessCall, launched) -> list[StepResult]:
@@ -483,11 +508,14 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
         any_rec = next(iter(ranks.values()), {})
         where = f"{any_rec.get('backend', '?')}/{any_rec.get('device', '?')}" if any_rec else "?"
         if not missing and not problems:
-            n_ops = len(any_rec.get("ops") or [])
+            # Only ops that ran count as exact; a skipped op is named apart.
+            n_ops = len([o for o in any_rec.get("ops") or [] if not o.get("skipped")])
             skipped = sorted({o["op"] for r in ranks.values() for o in r.get("ops", []) if o.get("skipped")})
             detail = f"{call.world} ranks on {where}, {n_ops} ops exact on every rank"
             if skipped:
                 detail += f" (skipped: {', '.join(skipped)})"
+            if call.backend == "nccl" and call.world == 1:
+                detail += f" ({WORLD1_CAVEAT})"
             placed = _placement(ranks)
             if placed:
                 detail += "; " + ", ".join(f"{node} (node rank {nr}): ranks {','.join(map(str, rs))}"
