@@ -49,6 +49,6 @@ def test_witness_job_with_the_sif_launcher_unmounts_in_its_cleanup(tmp_path):
                        str(sif), "--check", "collectives", "--dry-run", root=REPO, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = proc.stdout
-    assert "fusermount -u \"$m\"" in text and "/tmp/envport-sif-" in text
+    assert "\n  envport_sif_sweep /tmp/envport-sif-" in text  # the EXIT trap (tests/test_security_mounts.py: F7)
     assert "ch-run" in text and "/.singularity.d/actions/exec python3 /mnt/dist.py" in text
     _check_script(text, tmp_path)

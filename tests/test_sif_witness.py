@@ -65,12 +65,16 @@ def tmpdir_env(tmp_path: Path) -> tuple[dict, str]:
     return sif_env(TMPDIR=str(tmp)), f"{tmp}/envport-sif-"
 
 
+# The batch script's EXIT trap sweeps the job's SIF mounts under this prefix (engines/sif_run.py SWEEP_FN).
+SWEEP = re.compile(r"^  envport_sif_sweep (/tmp/envport-sif-[0-9a-f]+-)$", re.M)
+
+
 def _job_prefix(job: str) -> str:
     """The /tmp prefix of a Slurm job's SIF mounts, read from its batch script's cleanup."""
     shown = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, timeout=30)
     script = re.search(r"\bCommand=(\S+)", shown.stdout)
     assert script, shown.stdout + shown.stderr
-    found = re.search(r"for m in (/tmp/envport-sif-[0-9a-f]+-)\*", Path(script.group(1)).read_text())
+    found = SWEEP.search(Path(script.group(1)).read_text())
     assert found, f"no SIF mount sweep in {script.group(1)}"
     return found.group(1)
 
@@ -125,7 +129,7 @@ def test_collectives_as_two_slurm_tasks_with_the_sif_launcher(demo_sif: BuiltSif
     assert steps["collectives (world 2)"]["verdict"] == "OK", out["steps"]
     script = Path(out["script_path"]).read_text()
     assert "ch-run" in script or "apptainer" in script
-    prefix = re.search(r"for m in (/tmp/envport-sif-[0-9a-f]+-)\*", script)
+    prefix = SWEEP.search(script)
     assert prefix and _left(prefix.group(1)) == [], "a Slurm task left its SIF mounted"
 
 
@@ -194,11 +198,11 @@ def test_a_run_mounts_the_sif_once_and_leaves_nothing(tiny_sif: BuiltSif, tmp_pa
     assert launcher.preflight() is None
     where = f"{own_tmp}/{launcher.prefix}-"
     with launcher.session():
-        held = _left(where)
-        assert len(held) == 1 and _mounts(where) == held, held
-        assert _fstype(held[0]).startswith(MOUNT_KINDS[mount_kind]), _fstype(held[0])
+        held = _left(where)  # the private directory and its rootfs, the mount point
+        assert len(held) == 2 and _mounts(where) == held[1:] == [f"{held[0]}/rootfs"], held
+        assert _fstype(held[1]).startswith(MOUNT_KINDS[mount_kind]), _fstype(held[1])
         inv = launcher.invocation("where.py", [], {})
-        assert held[0] in inv.argv and "squashfuse" not in " ".join(inv.argv), inv.argv
+        assert held[1] in inv.argv and "squashfuse" not in " ".join(inv.argv), inv.argv
         devs = []
         for _ in range(2):
             res = launcher.run("where.py", [], {}, deadline_s=60)
@@ -221,7 +225,7 @@ def test_an_error_inside_the_run_still_unmounts(tiny_sif: BuiltSif, tmp_path: Pa
     where = f"{own_tmp}/{launcher.prefix}-"
     with pytest.raises(RuntimeError, match="boom"):
         with launcher.session():
-            assert len(_left(where)) == 1
+            assert len(_mounts(where)) == 1
             raise RuntimeError("boom")
     assert _left(where) == []
 
@@ -265,7 +269,7 @@ def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif, tmp_path: Path,
     proc = _mount_holder(tiny_sif.path, tmp_path)
     try:
         mnt = proc.stdout.readline().strip()
-        assert mnt.startswith(where) and _left(where) == [mnt], (mnt, _left(where))
+        assert mnt.startswith(where) and _left(where) == [str(Path(mnt).parent), mnt], (mnt, _left(where))
         assert _fstype(mnt).startswith(MOUNT_KINDS[mount_kind]), _fstype(mnt)
         proc.kill()
         proc.wait(timeout=30)
@@ -299,7 +303,7 @@ def test_a_failing_slurm_job_leaves_no_mount(demo_sif: BuiltSif, slurm):
                        "collectives", "--deadline", "20", "--json", "--no-ledger", root=demo_sif.root,
                        env=sif_env(ENVPORT_WITNESS_FAULT="crash:1"), timeout=600)
     assert proc.returncode == 1, fail_with(proc, "slurm submit with rank 1 crashing")
-    prefix = re.search(r"for m in (/tmp/envport-sif-[0-9a-f]+-)\*", Path(json.loads(proc.stdout)["script_path"]).read_text())
+    prefix = SWEEP.search(Path(json.loads(proc.stdout)["script_path"]).read_text())
     assert prefix and _left(prefix.group(1)) == [], "a failed Slurm job left its SIF mounted"
 
 

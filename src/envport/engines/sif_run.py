@@ -1,18 +1,22 @@
 """Run commands inside a SIF: `apptainer exec` where apptainer is installed, else Charliecloud's
 `ch-run` on the SIF's squashfs partition mounted with squashfuse (RECIPES.md, measured).
 
-- mount, as root: `mount -t squashfs -o ro,loop,offset=N FILE MNT` (N: the
+- where: every mount is `ro,nosuid,nodev` (what apptainer uses; a setuid file
+  in a pulled image gives nobody root, a device node in it opens for no one)
+  at `rootfs` inside a fresh 0700 directory of the running user (PREFIX +
+  random): another local user cannot reach the image's files at all;
+- mount, as root: `mount -t squashfs -o ro,nosuid,nodev,loop,offset=N FILE MNT` (N: the
   primary partition's offset), what apptainer itself does as root: no FUSE
   round trip per open (bench/bench_sif.py: the witness suite ~1.2x faster);
   squashfuse where it fails (no loop device) or ENVPORT_SIF_MOUNT=squashfuse;
-- mount, unprivileged: `squashfuse_ll -f -o offset=N,auto_unmount FILE MNT`
+- mount, unprivileged: `squashfuse_ll -f -o ro,nosuid,nodev,offset=N,auto_unmount FILE MNT`
   (what apptainer's own unprivileged mount does;
   squashfuse_ll, the low-level one from the same Debian package, where it is
   installed, else squashfuse), held by a small bash process for as long as
   the caller needs it (`mounted`): one mount serves a whole verify session or
   witness run, so what one command read (libtorch) stays in the page cache
   for the next. Unmounted with `fusermount -u`; the holder then removes the
-  directory. A SIGKILLed envport still leaves nothing: the holder dies with
+  mount point and its private directory. A SIGKILLed envport still leaves nothing: the holder dies with
   its parent (PR_SET_PDEATHSIG) and stops squashfuse, which unmounts, and
   `auto_unmount` (fusermount3 watching the FUSE connection) unmounts even a
   SIGKILLed squashfuse (the kernel's mount has no auto_unmount: its holder
@@ -50,6 +54,10 @@ from envport.engines.sif import primary_partition, read_sif
 WITNESS_MOUNT = "/mnt"
 EXEC_ACTION = "/.singularity.d/actions/exec"
 MOUNT_PREFIX = "envport-sif-"
+# Every mount of an image: read-only, its setuid bits and device nodes inert (apptainer's own options).
+MOUNT_OPTIONS = "ro,nosuid,nodev"
+# The mount point's name inside its private 0700 directory (the directory keeps other users out).
+ROOTFS = "rootfs"
 # What apptainer --cleanenv keeps from the host.
 KEEP_ENV = ("TERM", "LANG")
 DEBIAN_PACKAGES = {"ch-run": "charliecloud-runtime", "squashfuse": "squashfuse", "fusermount": "fuse3",
@@ -58,10 +66,10 @@ DEBIAN_PACKAGES = {"ch-run": "charliecloud-runtime", "squashfuse": "squashfuse",
 SQUASHFUSE = ("squashfuse_ll", "squashfuse")
 MOUNT_TIMEOUT_S = 30.0
 
-# Holds one mount: $1 squashfuse, $2 its -o options, $3 the SIF, $4 the mount point. Runs squashfuse
-# in the foreground; a TERM/INT/HUP (trapped before anything is mounted; or its parent's death:
+# Holds one mount: $1 squashfuse, $2 its -o options, $3 the SIF, $4 the mount point (DIR/rootfs). Runs
+# squashfuse in the foreground; a TERM/INT/HUP (trapped before anything is mounted; or its parent's death:
 # PR_SET_PDEATHSIG) stops squashfuse, which unmounts; once squashfuse is gone (unmounted by the caller,
-# signalled or killed: auto_unmount) the mount point is removed.
+# signalled or killed: auto_unmount) the mount point and its private DIR are removed.
 HOLDER = r"""set -u
 pid=
 trap 'stopping=1; [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null' TERM INT HUP
@@ -71,20 +79,50 @@ pid=$!
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
 n=0
 until rmdir "$4" 2>/dev/null || [ ! -d "$4" ]; do n=$((n+1)); [ "$n" -lt 200 ] || exit 1; sleep 0.05; done
+rmdir "${4%/*}" 2>/dev/null
+exit 0
 """
-# The same for the kernel's loop mount (root): $1 offset, $2 the SIF, $3 the mount point. A TERM/INT/HUP (or
-# its parent's death) unmounts (lazily when busy) and removes the mount point.
+# The same for the kernel's loop mount (root): $1 the -o options, $2 the SIF, $3 the mount point (DIR/rootfs).
+# A TERM/INT/HUP (or its parent's death) unmounts (lazily when busy) and removes the mount point and DIR.
 KERNEL_HOLDER = r"""set -u
 pid= mnt=$3
-stop() { [ -z "$pid" ] || kill "$pid" 2>/dev/null; umount "$mnt" 2>/dev/null || umount -l "$mnt"; rmdir "$mnt"; exit 0; }
+stop() {
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null
+  umount "$mnt" 2>/dev/null || umount -l "$mnt"
+  rmdir "$mnt" "${mnt%/*}"
+  exit 0
+}
 trap stop TERM INT HUP
-mount -t squashfs -o "ro,loop,offset=$1" "$2" "$mnt" || exit 3
+mount -t squashfs -o "$1" "$2" "$mnt" || exit 3
 sleep infinity &
 pid=$!
 wait "$pid"
 stop
 """
 MOUNT_ENV = "ENVPORT_SIF_MOUNT"
+# `envport_sif_sweep BASE`: unmount every mount envport's per-task wrapper made at BASE<random>/rootfs (a task
+# that was killed before its own trap could), and remove both. A mount counts only where /proc/self/mountinfo
+# lists it (the kernel's resolved path: a planted symlink never appears there) and its directory is this
+# user's, mode 0700 and no link (stat without -L). Never a glob of BASE*, never `umount` through a link: an
+# unrelated mount another user points a link at stays (issue 21, F7). One text, for the launcher's cleanup
+# and the Slurm batch script's EXIT trap.
+SWEEP_FN = r"""envport_sif_sweep() {
+  local base=$1 esc point rest dir me
+  local -a points=()
+  me=$(id -u)
+  # mountinfo writes space, tab, newline and backslash as octal escapes: match BASE in that form.
+  esc=${base//\\/\\134}; esc=${esc// /\\040}; esc=${esc//$'\t'/\\011}; esc=${esc//$'\n'/\\012}
+  while read -r _ _ _ _ point _; do points+=("$point"); done </proc/self/mountinfo
+  for point in "${points[@]}"; do
+    rest=${point#"$esc"}
+    [ "$rest" != "$point" ] && [[ $rest =~ ^[A-Za-z0-9_]+/rootfs$ ]] || continue
+    dir=$base${rest%/rootfs}
+    [ "$(stat -c %F:%u:%a -- "$dir" 2>/dev/null)" = "directory:$me:700" ] || continue
+    { fusermount -u -- "$dir/rootfs" || umount -l -- "$dir/rootfs"; } 2>/dev/null
+    rmdir -- "$dir/rootfs" "$dir" 2>/dev/null
+  done
+  return 0
+}"""
 
 
 def apptainer() -> Optional[str]:
@@ -107,6 +145,11 @@ def missing_tools(kind: str) -> list[str]:
 
 def partition_offset(sif: Path) -> int:
     return primary_partition(read_sif(sif)).offset
+
+
+def squashfuse_options(offset: int) -> str:
+    """squashfuse's -o for the partition at OFFSET: MOUNT_OPTIONS, and unmounted when squashfuse dies."""
+    return f"{MOUNT_OPTIONS},offset={offset},auto_unmount"
 
 
 def squashfuse() -> str:
@@ -153,12 +196,19 @@ def mount_kind() -> str:
 
 @contextlib.contextmanager
 def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None) -> Iterator[Path]:
-    """SIF's primary partition mounted read-only at a fresh directory (PREFIX + random, in PARENT or the
-    temp dir) for the duration (`mount_kind`; squashfuse where the kernel's mount fails, e.g. no loop
-    device); unmounted and removed afterwards, whatever happened (MountError when no mount works)."""
+    """SIF's primary partition mounted `ro,nosuid,nodev` at `rootfs` in a fresh 0700 directory of this user
+    (PREFIX + random, in PARENT or the temp dir) for the duration (`mount_kind`; squashfuse where the kernel's
+    mount fails, e.g. no loop device); unmounted and both removed afterwards, whatever happened (MountError
+    when no mount works)."""
     sif = Path(sif).absolute()
     offset = partition_offset(sif)
-    mnt = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    # mkdtemp: created 0700 and ours, atomically (O_EXCL), whoever can write PARENT (/tmp).
+    mnt = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)) / ROOTFS
+    try:
+        mnt.mkdir(mode=0o700)
+    except OSError:
+        mnt.parent.rmdir()
+        raise
     kinds = ["kernel", "squashfuse"] if mount_kind() == "kernel" else ["squashfuse"]
     holder, kind = None, ""
     try:
@@ -176,10 +226,11 @@ def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None)
 
 def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
     """Start the holder of one mount of KIND and wait until MNT is mounted (MountError with its words)."""
-    argv = ["bash", "-c", KERNEL_HOLDER, "envport-sif-mount", str(offset), str(sif), str(mnt)] if kind == "kernel" \
-        else ["bash", "-c", HOLDER, "envport-sif-mount", squashfuse(), f"offset={offset},auto_unmount", str(sif),
-              str(mnt)]
-    tool = "mount -t squashfs -o loop" if kind == "kernel" else squashfuse()
+    argv = ["bash", "-c", KERNEL_HOLDER, "envport-sif-mount", f"{MOUNT_OPTIONS},loop,offset={offset}", str(sif),
+            str(mnt)] if kind == "kernel" \
+        else ["bash", "-c", HOLDER, "envport-sif-mount", squashfuse(), squashfuse_options(offset),
+              str(sif), str(mnt)]
+    tool = f"mount -t squashfs -o {MOUNT_OPTIONS},loop" if kind == "kernel" else squashfuse()
     with tempfile.TemporaryFile() as err:
         holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                   start_new_session=True, preexec_fn=dies_with_parent(signal.SIGTERM))
@@ -198,7 +249,7 @@ def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
 
 
 def _release(mnt: Path, holder: Optional[subprocess.Popen], kind: str) -> None:
-    """Unmount MNT, let its holder remove the directory; a holder that does not end is stopped."""
+    """Unmount MNT, let its holder remove it and its private directory; a holder that does not end is stopped."""
     if holder is not None and kind == "kernel":
         holder.terminate()  # its trap unmounts and removes the directory
     elif is_mounted(mnt):
@@ -215,8 +266,9 @@ def _release(mnt: Path, holder: Optional[subprocess.Popen], kind: str) -> None:
                 holder.wait()
     if is_mounted(mnt):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
-    with contextlib.suppress(OSError):
-        mnt.rmdir()
+    for path in (mnt, mnt.parent):
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def ch_run_argv(mnt: str, argv: Sequence[str], *, env: Mapping[str, str] = (),

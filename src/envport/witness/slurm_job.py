@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from envport.core.layout import env_prefix
 from envport.core.proc import run
 from envport.core.errors import EnvportError
+from envport.engines.sif_run import SWEEP_FN
 from envport.witness.launchers.base import WITNESS_DIR, LaunchResult
 from envport.witness.launchers.docker import DockerLauncher
 from envport.witness.launchers.local import LocalLauncher
@@ -321,7 +322,7 @@ def render(job: JobSpec, node_cpus: Optional[int] = None) -> str:
         activation=job.profile.activation, docker=job.target == "docker", docker_bin=job.docker_bin,
         slurm_conf=job.profile.slurm_conf, master_addr_fn=MASTER_ADDR_FN,
         docker_master_addr=job.profile.docker_master_addr if job.target == "docker" else None,
-        sif_mounts=launcher.inner.prefix if job.target == "apptainer" else "",
+        sif_sweep_fn=SWEEP_FN, sif_sweep=launcher.inner.sweep_line() if job.target == "apptainer" else "",
         task_script=task_script, calls=calls,
     )
 

@@ -3,7 +3,7 @@ installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engi
 
 - a witness run on this host (`envport witness`: `run_witnesses` holds the
   launcher's `session()`): the SIF is mounted ONCE, at
-  `$TMPDIR/envport-sif-<run>-XXXXXX` (/tmp without TMPDIR), and every call
+  `$TMPDIR/envport-sif-<run>-XXXXXX/rootfs` (/tmp without TMPDIR), and every call
   runs `ch-run` on that mount, so torch's libraries are read through FUSE
   and decompressed once per run, not once per call (bench/bench_sif.py:
   2.13x docker's time with a mount per call). Unmounted and removed at the end, also on an error, Ctrl-C or SIGTERM
@@ -12,12 +12,15 @@ installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engi
   it, auto_unmount).
 - outside a session (srun: one task per rank, on whichever node runs it) each
   call goes through one small bash wrapper and is self-contained: mount the
-  SIF at a fresh `/tmp/envport-sif-<run>-XXXXXX` (a directory per call: two
-  ranks on one node never share a mount), run, and unmount on the way out,
-  also on SIGTERM/SIGINT/SIGHUP (a timeout, Ctrl-C, scancel); squashfuse runs
-  with auto_unmount, so a squashfuse killed outright is unmounted too, and
-  the Invocation's cleanup (and the batch script's EXIT trap) unmounts every
-  mount of this run by its name.
+  SIF at `rootfs` in a fresh 0700 `/tmp/envport-sif-<run>-XXXXXX` (a directory
+  per call: two ranks on one node never share a mount), run, and unmount on
+  the way out, also on SIGTERM/SIGINT/SIGHUP (a timeout, Ctrl-C, scancel);
+  squashfuse runs with auto_unmount, so a squashfuse killed outright is
+  unmounted too, and the Invocation's cleanup (and the batch script's EXIT
+  trap) runs `sif_run.SWEEP_FN`: the mounts of this run that
+  /proc/self/mountinfo lists under such a directory of this user's, never a
+  glob, never through a symlink.
+- every mount is `ro,nosuid,nodev` (sif_run.MOUNT_OPTIONS).
 - both: the variables a launcher sets per rank (RANK, LOCAL_RANK, WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT; srun's wrapper exports them) are passed into the
   clean environment (`--set-env` for ch-run, `APPTAINERENV_*` for apptainer).
@@ -45,9 +48,10 @@ from envport.witness.launchers.base import WITNESS_DIR, Invocation, Launcher
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MNT = "@ENVPORT-SIF-MOUNT@"
 
-# $1 runtime, $2 sif, $3 partition offset, $4 mount prefix; then the runtime's argv (MNT stands for the mount).
+# $1 runtime, $2 sif, $3 squashfuse's -o (sif_run.squashfuse_options), $4 where the mounts go (`task_mounts`);
+# then the runtime's argv (MNT stands for the mount).
 TASK = r"""set -u
-kind=$1 sif=$2 offset=$3 prefix=$4; shift 4
+kind=$1 sif=$2 options=$3 base=$4; shift 4
 for v in RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT; do
   eval "val=\${$v-}"
   [ -n "$val" ] || continue
@@ -56,12 +60,15 @@ done
 if [ "$kind" = apptainer ]; then exec "$@"; fi
 USER=${USER:-$(id -un)}  # ch-run refuses to start without it (batch jobs and CI have none)
 export USER
-mnt=$(mktemp -d "/tmp/$prefix-XXXXXX") || exit 3
-cleanup() { fusermount -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null; rmdir "$mnt" 2>/dev/null; }
+# mktemp -d: a new 0700 directory of ours (another user can neither reach the image nor swap the mount point).
+dir=$(mktemp -d "${base}XXXXXX") || exit 3
+mnt=$dir/rootfs
+cleanup() { { fusermount -u "$mnt" || umount "$mnt"; } 2>/dev/null; rmdir "$mnt" "$dir" 2>/dev/null; }
 trap cleanup EXIT
+mkdir -m 700 "$mnt" || exit 3
 trap 'exit 143' TERM INT HUP
 sq=$(command -v squashfuse_ll || command -v squashfuse) || { echo "envport-sif: no squashfuse on $(hostname)" >&2; exit 3; }
-"$sq" -o "offset=$offset,auto_unmount" "$sif" "$mnt" || { echo "envport-sif: $sq of $sif failed on $(hostname)" >&2; exit 3; }
+"$sq" -o "$options" "$sif" "$mnt" || { echo "envport-sif: $sq of $sif failed on $(hostname)" >&2; exit 3; }
 n=0
 until mountpoint -q "$mnt"; do n=$((n+1)); [ "$n" -lt 200 ] || exit 3; sleep 0.05; done
 # The mount point replaces its placeholder, the rank's variables go just before it (after --unset-env).
@@ -123,14 +130,24 @@ class SifLauncher(Launcher):
         if self.runtime == "apptainer":
             inner = sif_run.apptainer_argv(str(self.sif), cmd, env=env, nv=self.gpus,
                                            binds=[(s, d, True) for s, d in self._binds()])
-            offset = 0
+            options = ""
         else:
             inner = sif_run.ch_run_argv(MNT, cmd, env=env, binds=self._binds())
-            offset = self.offset()
-        argv = ["bash", "-c", TASK, "envport-sif", self.runtime, str(self.sif), str(offset), self.prefix, *inner]
-        sweep = (f"for m in /tmp/{shlex.quote(self.prefix)}-*; do [ -d \"$m\" ] || continue; "
-                 "fusermount -u \"$m\" 2>/dev/null || umount -l \"$m\" 2>/dev/null; rmdir \"$m\" 2>/dev/null; done")
-        return Invocation(argv, env=sif_run.ch_run_env(), cleanup=[["bash", "-c", sweep]], label=self.prefix)
+            options = sif_run.squashfuse_options(self.offset())
+        argv = ["bash", "-c", TASK, "envport-sif", self.runtime, str(self.sif), options, self.task_mounts(),
+                *inner]
+        return Invocation(argv, env=sif_run.ch_run_env(), cleanup=[self.sweep_argv()], label=self.prefix)
+
+    def task_mounts(self) -> str:
+        """Where the per-call wrapper's mounts go: this path + XXXXXX, a 0700 directory, its `rootfs`."""
+        return f"/tmp/{self.prefix}-"
+
+    def sweep_line(self) -> str:
+        """The shell line that unmounts what this launcher's per-call wrappers left (after SWEEP_FN)."""
+        return f"envport_sif_sweep {shlex.quote(self.task_mounts())}"
+
+    def sweep_argv(self) -> list[str]:
+        return ["bash", "-c", f"{sif_run.SWEEP_FN}\n{self.sweep_line()}"]
 
     def preflight(self) -> Optional[StepResult]:
         try:
