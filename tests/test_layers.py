@@ -24,6 +24,7 @@ LAYERS = [
     "renderers",   # top-level renderers/, installed as envport.renderers
     "recipe",
     "engines",
+    "sif",         # the SIF format: signatures (DSSE, PGP) over engines/sif.py reader
     "build",
     "verify",
     "witness",

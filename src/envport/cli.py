@@ -30,6 +30,8 @@ COMMANDS = [
     "wheelhouse",
     "build",
     "inspect",
+    "sign",
+    "verify_sig",
     "verify",
     "witness",
     "weights",

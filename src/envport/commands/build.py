@@ -46,6 +46,9 @@ def register(sub) -> None:
     p.add_argument("--from-docker", action="store_true",
                    help="apptainer: make the SIF from the built docker image envport/<name>:<hash12> "
                    "(apptainer build docker-daemon://..., or envport's builder without %%post)")
+    p.add_argument("--sign", default=None, metavar="KEY.pem",
+                   help="apptainer: sign the SIF last with this PEM private key, as `envport sign FILE.sif --key "
+                   "KEY.pem` does (DSSE, apptainer's format); present when already signed by it")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(func=run)
 
@@ -54,7 +57,7 @@ def _fast_present(args) -> int | None:
     """Docker or SIF `present` without loading the spec (commands/fast.py, build/*/present.py)."""
     from envport.commands.fast import TARGETS, answer
 
-    if args.target not in TARGETS or args.rebuild or args.no_cache or args.no_lock or args.from_docker:
+    if args.target not in TARGETS or args.rebuild or args.no_cache or args.no_lock or args.from_docker or args.sign:
         return None
     return answer(args.spec, args.target, args.site, args.root, args.json)
 
@@ -66,6 +69,11 @@ def run(args) -> int:
         flag = "--check" if args.check else "--install-system-pkgs"
         raise EnvportError(f"{flag} is for --target venv or conda (a {args.target} build installs system "
                            "packages inside the image and is present only when built)", exit_code=2)
+    if args.sign and args.target != "apptainer":
+        from envport.core.errors import EnvportError
+
+        raise EnvportError(f"--sign is for --target apptainer (it signs the SIF); a {args.target} build has no "
+                           "SIF to sign", exit_code=2)
     fast = _fast_present(args)
     if fast is not None:
         return fast
@@ -81,8 +89,16 @@ def run(args) -> int:
     site, refused, lock_fact = lock_gate(args.no_lock, loaded, site)
     identity = resolve(loaded, site, args.target).identity
     results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
+    if args.sign and results[-1].verdict.ok and results[-1].data.get("sif"):
+        from pathlib import Path
+
+        from envport.commands.sign import sign_step
+
+        results.append(sign_step(Path(results[-1].data["sif"]), [args.sign], None))
     code = report(results, args.json, command="build")
     last = results[-1]
+    if args.sign and len(results) > 1 and last.verdict.ok:
+        last = results[-2]  # the ledger keeps the build's facts (sif, size); the signature is in the file
     ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last, site=site,
                   seconds=sum(r.seconds for r in results), lock=lock_fact)
     if not args.json:
