@@ -135,6 +135,58 @@ def test_upstream_dsse_tampered_is_a_bad_signature(tmp_path, tamper, expect):
     assert expect in problems
 
 
+def covered_bytes(path: Path) -> list[range]:
+    """The byte ranges SIF-TRUST.md says a group signature covers: the header's launch script, magic, version
+    and uuid; each grouped descriptor's type, used, link, size, ctime, uid, gid, name and extra; each object."""
+    ranges = [range(0, 45), range(48, 64)]
+    for d in read_raw(path).descriptors:
+        if d.datatype == 0x4005:
+            continue
+        base = DESCRIPTORS_OFFSET + d.slot * DESCRIPTOR.size
+        ranges += [range(base + a, base + b) for a, b in ((0, 5), (13, 17), (25, 33), (41, 49), (57, 585))]
+        ranges.append(range(d.offset, d.end))
+    return ranges
+
+
+@pytest.mark.parametrize("signer", ["apptainer", "envport"])
+def test_any_flipped_covered_byte_is_never_verified(tmp_path, signer):
+    """Property (hypothesis): flipping any one bit of any byte a signature covers leaves the SIF unverified
+    (or not a SIF at all), for apptainer's signature and for envport's over the same image."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from envport.engines.sif import SifError
+
+    from .support import examples
+
+    if signer == "apptainer":
+        source, keys = upstream(tmp_path, "one-group-signed-dsse.sif"), [upstream_key("ed25519-public.pem")]
+    else:
+        source = upstream(tmp_path, "one-group.sif")
+        priv, pub = new_key(tmp_path, "ed25519")
+        sign_sif(source, [load_private_key(priv)])
+        keys = [load_public_key(pub)]
+    assert check_signatures(source, keys).ok
+    offsets = [i for r in covered_bytes(source) for i in r]
+    pristine = source.read_bytes()
+    work = tmp_path / "flipped.sif"
+
+    @settings(max_examples=examples(150, 1500, "ENVPORT_SIGN_FLIPS"), deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.sampled_from(offsets), st.integers(0, 7))
+    def flipped(offset, bit):
+        data = bytearray(pristine)
+        data[offset] ^= 1 << bit
+        work.write_bytes(bytes(data))
+        try:
+            verdict = check_signatures(work, keys).verdict
+        except SifError:
+            return  # no longer a readable SIF: refused before any signature question
+        assert verdict != "verified", f"byte {offset} bit {bit} flipped and the signature still verified"
+
+    flipped()
+
+
 def test_upstream_header_times_are_not_signed(tmp_path):
     """As in sif: the header's times and counts are outside the signature (a later append rewrites them)."""
     path = upstream(tmp_path, "one-group-signed-dsse.sif")
@@ -147,6 +199,44 @@ def test_upstream_unsigned_and_legacy_are_unsigned(tmp_path, image):
     verdict, problems = verdict_and_problems(upstream(tmp_path, image), [upstream_key("rsa-public.pem")])
     assert verdict == "unsigned", problems
     assert "object group 1 has no signature" in problems
+
+
+def siftool_add_signature(path: Path, data: bytes, tmp_path: Path) -> None:
+    """Link one more signature object to group 1 with Debian's siftool (hash SHA-256, zero entity)."""
+    if shutil.which("siftool") is None:
+        missing("siftool is not installed (apt-get install siftool)")
+    blob = tmp_path / "extra-signature.bin"
+    blob.write_bytes(data)
+    got = subprocess.run(["siftool", "add", str(path), str(blob), "--datatype", "5", "--link", str(0xF0000001),
+                          "--signhash", "1", "--signentity", "0" * 40], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_a_group_signed_by_two_keys_needs_both_as_apptainer_does(tmp_path):
+    """Every signature linked to a group must verify: a second signer's object fails the group with one key."""
+    keys = {}
+    for kind in ("ed25519", "rsa"):
+        path = upstream(tmp_path, "one-group.sif")
+        priv, pub = new_key(tmp_path, kind)
+        sign_sif(path, [load_private_key(priv)])
+        sig = read_raw(path).by_id(3)
+        keys[kind] = (load_public_key(pub), path.read_bytes()[sig.offset:sig.end])
+        path.unlink()
+    path = upstream(tmp_path, "one-group.sif")
+    siftool_add_signature(path, keys["ed25519"][1], tmp_path)
+    siftool_add_signature(path, keys["rsa"][1], tmp_path)
+    one = check_signatures(path, [keys["ed25519"][0]])
+    assert one.verdict == "untrusted_signer", one.problems
+    assert [s.verdict for s in one.signatures] == ["verified", "untrusted_signer"]
+    assert check_signatures(path, [keys["ed25519"][0], keys["rsa"][0]]).ok
+
+
+def test_an_oversized_signature_object_is_not_read_and_fails_its_group(tmp_path):
+    path = upstream(tmp_path, "one-group-signed-dsse.sif")
+    siftool_add_signature(path, os.urandom(2 << 20), tmp_path)
+    report = check_signatures(path, [upstream_key("rsa-public.pem")])
+    assert report.verdict == "bad_signature", report.problems
+    assert "over 1048576: no signature is that large" in report.problems[0]
 
 
 def _canonical(path: Path):

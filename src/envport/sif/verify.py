@@ -36,6 +36,8 @@ from envport.sif.image import RawDescriptor, RawImage, read_raw
 EXTRA_HEAD = struct.Struct("<i256s")
 VERIFIED, BAD, UNTRUSTED, UNSIGNED, UNCHECKED, LEGACY = (
     "verified", "bad_signature", "untrusted_signer", "unsigned", "unchecked", "legacy")
+# A DSSE envelope is a few KB (RSA-4096, several signers); a "signature" past this is not read into memory.
+MAX_SIGNATURE_BYTES = 1 << 20
 # When several things are wrong the image's reason is the worst one: a change beats a stranger beats a gap.
 SEVERITY = (BAD, UNTRUSTED, UNSIGNED, UNCHECKED)
 
@@ -165,9 +167,14 @@ def _check_one(image: RawImage, d: RawDescriptor, given, keyrings) -> SignatureC
     is_group = d.link & GROUP_MASK == GROUP_MASK
     group = d.link & ~GROUP_MASK if is_group else None
     target = image.by_id(d.link) if not is_group else None
-    objects = image.in_group(group) if is_group else ([target] if target else [])
+    objects = image.in_group(group) if is_group and group else ([target] if target else [])
     objects = [o for o in objects if o.datatype != DATA_SIGNATURE]
     hash_name, hash_problem = _hash_of(d)
+    if d.size > MAX_SIGNATURE_BYTES:
+        return SignatureCheck(id=d.id, group=group, linked_object=None if is_group else d.link, form="unknown",
+                              hash=hash_name, signers=(), objects=(), verdict=BAD,
+                              detail=f"the signature object is {d.size} bytes, over {MAX_SIGNATURE_BYTES}: no "
+                                     "signature is that large; not read")
     data = _read(image, d)
     form = _form(data)
     entity = EXTRA_HEAD.unpack(d.extra[:EXTRA_HEAD.size])[1]
