@@ -8,7 +8,7 @@ set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages=(docker.io debootstrap slurm-wlm munge iproute2 util-linux openssh-server
-          siftool squashfs-tools squashfuse fuse3 charliecloud-runtime bubblewrap gnupg)
+          siftool squashfs-tools squashfuse fuse3 charliecloud-runtime bubblewrap gnupg docker-registry)
 # Another apt/dpkg run (e.g. a provisioning step) may hold the lock: wait for
 # it, but not forever.
 lock_wait_s=${ENVPORT_APT_LOCK_WAIT:-600}

@@ -41,4 +41,5 @@ start dockerd dockerd.sh
 start slurm slurm.sh
 start slurm-multi slurm-multi.sh
 start sshd sshd.sh
+start registry registry.sh
 start base-image base-image.sh "$base_tag"

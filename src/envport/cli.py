@@ -32,6 +32,7 @@ COMMANDS = [
     "inspect",
     "sign",
     "verify_sig",
+    "sbom", "push", "pull",
     "verify",
     "witness",
     "weights",

@@ -79,6 +79,8 @@ class Site(_Model):
     base_images: dict[str, str] = Field(default={}, description="base image rewrites (mirrors)")
     registry: bool = Field(default=True, description="the engine can pull base images it lacks; false: "
                            "a missing base is REFUSED with the fix instead of a pull that cannot succeed")
+    registry_ca: Optional[str] = Field(default=None, description="CA bundle (PEM) trusted for TLS to the OCI "
+                                       "registries of `envport push`/`pull`, instead of the system's")
     hosts: dict[str, SshHost] = {}
     apptainer: ApptainerDirs = ApptainerDirs()
     ledger_dir: Optional[str] = Field(default=None, description="where this place keeps envport's ledgers "

@@ -1,0 +1,160 @@
+"""`envport sbom NAME --target docker|apptainer|venv` and `envport sbom FILE.sif`: what a built env holds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SBOM_TARGETS = ("docker", "apptainer", "venv")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sbom", help="a CycloneDX SBOM of a built env (or a .sif), read from its content",
+                       description="Write a CycloneDX 1.6 JSON SBOM of what a built env holds, read from the env "
+                       "itself, never from its spec: the Debian packages its var/lib/dpkg/status lists as "
+                       "installed (pkg:deb/debian/...) and the Python distributions (*.dist-info) of its "
+                       "interpreter's site-packages (pkg:pypi/...), with the env's name, hash and lock as "
+                       "metadata; validated against CycloneDX's schema before it is written. A SIF's partition "
+                       "is mounted read-only (nosuid,nodev); a docker image's filesystem is exported to a tmp "
+                       "dir (the container is never started); a venv is read in place. Exit 0 written, 3 "
+                       "refused (the env is not built, or the SIF cannot be mounted here), 1 failed (not a "
+                       "usable SIF).")
+    p.add_argument("env", metavar="NAME|FILE.sif", help="a spec name (with --target), or a SIF file")
+    p.add_argument("--target", choices=SBOM_TARGETS, default="docker", help="which built env of NAME (default: docker)")
+    p.add_argument("--site", default=None, help="site profile (default: local); it names the env's hash")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write the SBOM here (default: stdout)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from envport.core.files import write_atomic
+    from envport.core.verdict import StepResult, Verdict, report
+
+    if args.env.endswith(".sif") or Path(args.env).is_file():
+        result, text = _from_sif(Path(args.env))
+    else:
+        result, text = _from_name(args)
+    if text is None:
+        return report([result], False, stream=sys.stderr)
+    if args.output:
+        write_atomic(Path(args.output), text)
+        return report([StepResult(result.step, Verdict.OK, f"{result.detail}; written to {args.output}")], False,
+                      stream=sys.stderr)
+    sys.stdout.write(text)
+    return report([result], False, stream=sys.stderr)
+
+
+def _from_sif(path: Path, lock=None):
+    from envport.core.verdict import StepResult, Verdict
+    from envport.engines.sif import SifError, read_sif, sif_labels
+    from envport.engines.sif_run import MountError, mounted
+    from envport.report import sbom
+
+    step = f"sbom {path.name}"
+    try:
+        info = read_sif(path)
+        labels = sif_labels(info)
+    except SifError as exc:
+        return StepResult(step, Verdict.FAILED, str(exc), reason=exc.reason), None
+    facts = sbom.EnvFacts(labels.get("envport.name", path.stem), labels.get("envport.hash", "unknown"),
+                          "apptainer", lock=lock, created=sbom.timestamp(info.created))
+    try:
+        with mounted(path) as tree:
+            return _written(step, tree, facts)
+    except MountError as exc:
+        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason,
+                          lines=["fix: install squashfuse and fuse3 (apt-get install squashfuse fuse3), or run "
+                                 "as root (a read-only loop mount)"]), None
+
+
+def _from_name(args):
+    from envport.commands._common import load_one, project_root
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+
+    root = project_root(args)
+    loaded = load_one(args, args.env)
+    site = load_site(args.site, root)
+    identity = resolve(loaded, site, args.target).identity
+    lock = _lock_fact(loaded, site)
+    if args.target == "apptainer":
+        from envport.build.apptainer.builder import sif_path
+
+        path = sif_path(site, root, identity)
+        if not path.is_file():
+            return _missing(f"sbom {identity.ref}", f"no SIF at {path}", "sif_missing",
+                            f"envport build {loaded.spec.name} --target apptainer"), None
+        return _from_sif(path, lock)  # the lock is known from the spec's side here, not from the file
+    if args.target == "venv":
+        return _from_venv(loaded, identity, lock)
+    return _from_image(loaded, identity, lock)
+
+
+def _from_venv(loaded, identity, lock):
+    from envport.core import layout
+    from envport.report import sbom
+
+    prefix = layout.env_prefix(loaded.spec.name)
+    step = f"sbom {identity.ref} (venv)"
+    try:
+        recorded = (prefix / ".envport" / "hash").read_text().strip()
+    except OSError:
+        return _missing(step, f"no env at {prefix}", "env_missing",
+                        f"envport build {loaded.spec.name} --target venv"), None
+    if recorded != identity.hash:
+        return _missing(step, f"the env at {prefix} was built as {recorded[:12]}, the spec now resolves to "
+                        f"{identity.hash12}", "stale", f"envport build {loaded.spec.name} --target venv"), None
+    created = sbom.timestamp((prefix / "pyvenv.cfg").stat().st_mtime)
+    facts = sbom.EnvFacts(loaded.spec.name, identity.hash, "venv", lock=lock, created=created)
+    return _written(step, prefix, facts, venv=())
+
+
+def _from_image(loaded, identity, lock):
+    import tempfile
+    from datetime import datetime
+
+    from envport.engines.docker import ExportError, connect, export_rootfs, get_image
+    from envport.report import sbom
+
+    step = f"sbom {identity.image_tag}"
+    client, refused = connect(step)
+    if refused is not None:
+        return refused, None
+    image = get_image(client, identity.image_tag)
+    if image is None:
+        return _missing(step, f"the engine has no image {identity.image_tag}", "image_missing",
+                        f"envport build {loaded.spec.name} --target docker"), None
+    created = datetime.fromisoformat(image.attrs["Created"][:19] + "+00:00")
+    facts = sbom.EnvFacts(loaded.spec.name, identity.hash, "docker", lock=lock, created=created)
+    with tempfile.TemporaryDirectory(prefix="envport-sbom-") as tmp:
+        try:
+            export_rootfs(identity.image_tag, Path(tmp) / "rootfs")
+        except ExportError as exc:
+            from envport.core.verdict import StepResult, Verdict
+            return StepResult(step, Verdict.FAILED, str(exc)), None
+        return _written(step, Path(tmp) / "rootfs", facts)
+
+
+def _lock_fact(loaded, site):
+    """`specs/x.lock sha256:...` when the build used a lock (the site's `lock` and a lock file), else None."""
+    from envport.plan.lock import lock_path, sha256_file
+
+    path = lock_path(loaded)
+    if not site.lock or not path.is_file():
+        return None
+    return f"specs/{path.name} sha256:{sha256_file(path)}"
+
+
+def _missing(step: str, detail: str, reason: str, fix: str):
+    from envport.core.verdict import StepResult, Verdict
+    return StepResult(step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"])
+
+
+def _written(step: str, tree: Path, facts, venv=None):
+    from envport.core.verdict import StepResult, Verdict
+    from envport.report import sbom
+
+    text, packages = sbom.make_sbom(tree, facts, sbom.CONTAINER_VENV if venv is None else venv)
+    debs = sum(p.kind == "deb" for p in packages)
+    return StepResult(step, Verdict.OK, f"{debs} Debian packages, {len(packages) - debs} Python distributions "
+                      "(CycloneDX 1.6, schema-valid)"), text

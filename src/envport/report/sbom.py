@@ -1,0 +1,318 @@
+"""A CycloneDX SBOM of a built env, read from what the env holds, never from its spec.
+
+The content is a directory tree: a SIF's partition mounted read-only, a docker
+image's filesystem exported to a tmp dir, or a venv's prefix.  Two sources,
+the ones syft reads too:
+
+- Debian packages: the tree's `var/lib/dpkg/status`, the paragraphs whose
+  Status is `install ok installed` (what `dpkg-query -W` lists as installed),
+  as `pkg:deb/debian/NAME@VERSION?arch=A&distro=debian-N`;
+- Python distributions: each `*.dist-info/METADATA` in the env interpreter's
+  site-packages (the venv envport makes, /opt/envport/venv in containers;
+  without one, the tree's python3 site- and dist-packages), as
+  `pkg:pypi/NAME@VERSION`: what that interpreter's `pip list` shows. Debian's
+  own python3-* packages are already listed as deb components.
+
+The tree may come from an image nobody vouched for: no symlink inside it is
+followed (a `var/lib/dpkg/status` pointing at the host's /etc/shadow is read
+as absent, not followed out of the mount).
+
+The output is deterministic: components sorted by purl, the serial number a
+UUID5 of the env's hash and the components, the timestamp the env's own
+(the SIF header's created time, the image's Created, the venv's pyvenv.cfg
+mtime). `sif_object` and `append_to_sif` give the SIF object apptainer's sif
+library defines for an SBOM (datatype 0x4009, Extra's first int32 the format
+code, 1 = cyclonedx-json).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import errno
+import os
+import stat
+import struct
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Optional
+
+DPKG_STATUS = ("var", "lib", "dpkg", "status")
+CONTAINER_VENV = ("opt", "envport", "venv")
+# Without envport's venv: where Debian's and a hand-made image's python3 keep distributions.
+SYSTEM_SITE_GLOBS = ("usr/lib/python3*/site-packages", "usr/lib/python3/dist-packages",
+                     "usr/local/lib/python3*/site-packages", "usr/local/lib/python3*/dist-packages")
+MAX_METADATA_BYTES = 4 << 20  # a METADATA larger than this is not a distribution's
+MAX_STATUS_BYTES = 256 << 20
+SBOM_DATATYPE = 0x4009
+SBOM_FORMAT_CYCLONEDX_JSON = 1
+SBOM_NAME = "sbom.cdx.json"
+SERIAL_NAMESPACE = uuid.UUID("6f3c1a52-0b8e-4e39-9c1d-2f1e6b0e7a11")  # envport's, for uuid5 serial numbers
+
+
+@dataclass(frozen=True, order=True)
+class Package:
+    purl: str
+    kind: str  # "deb" or "pypi"
+    name: str
+    version: str
+    where: str  # the file it was read from, relative to the tree
+
+
+@dataclass(frozen=True)
+class EnvFacts:
+    """The spec's side of the SBOM: what the env is called and which hash and lock it was built from."""
+
+    name: str
+    hash: str
+    target: str
+    lock: Optional[str] = None  # "specs/x.lock sha256:..." or None: no lock, or not known
+    created: Optional[datetime] = None
+
+
+class UnsafeTree(Exception):
+    pass
+
+
+def _open_inside(tree: Path, parts: Iterable[str]) -> Optional[int]:
+    """A read-only fd of TREE/PARTS, or None when absent; no symlink is followed, at any level."""
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        parts = list(parts)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (0 if last else os.O_DIRECTORY)
+            try:
+                nxt = os.open(part, flags, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as exc:  # ELOOP: a symlink, not followed
+                if exc.errno == errno.ELOOP:
+                    return None
+                raise
+            os.close(fd)
+            fd = nxt
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _read_inside(tree: Path, parts: Iterable[str], limit: int) -> Optional[bytes]:
+    fd = _open_inside(tree, parts)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return fh.read(limit)
+
+
+def _paragraphs(text: str) -> Iterable[dict[str, str]]:
+    """dpkg's status file: RFC 822-like paragraphs; continuation lines (a leading space) are skipped."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                yield fields
+            fields = {}
+        elif not line[0].isspace() and ":" in line:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    if fields:
+        yield fields
+
+
+def debian_release(tree: Path) -> str:
+    """`debian-12` from the tree's etc/os-release (usr/lib/os-release), else `debian`."""
+    for parts in (("etc", "os-release"), ("usr", "lib", "os-release")):
+        raw = _read_inside(tree, parts, 1 << 16)
+        if raw is None:
+            continue
+        values = dict(line.split("=", 1) for line in raw.decode("utf-8", "replace").splitlines() if "=" in line)
+        ident, version = values.get("ID", "").strip('"'), values.get("VERSION_ID", "").strip('"')
+        if ident and version:
+            return f"{ident}-{version}"
+    return "debian"
+
+
+def debian_packages(tree: Path) -> list[Package]:
+    from packageurl import PackageURL
+
+    raw = _read_inside(tree, DPKG_STATUS, MAX_STATUS_BYTES)
+    if raw is None:
+        return []
+    distro = debian_release(tree)
+    found = []
+    for p in _paragraphs(raw.decode("utf-8", "replace")):
+        if p.get("Status") != "install ok installed" or not p.get("Package") or not p.get("Version"):
+            continue
+        qualifiers = {"arch": p["Architecture"]} if p.get("Architecture") else {}
+        qualifiers["distro"] = distro
+        purl = PackageURL("deb", "debian", p["Package"], p["Version"], qualifiers).to_string()
+        found.append(Package(purl, "deb", p["Package"], p["Version"], "/".join(DPKG_STATUS)))
+    return sorted(found)
+
+
+def site_dirs(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> list[tuple[str, ...]]:
+    """The env interpreter's site-packages under TREE (as path parts), VENV's when the tree has one.
+
+    The globs may pass through a symlink of the tree; _open_inside then refuses to read there."""
+    cfg = _open_inside(tree, (*venv, "pyvenv.cfg")) if venv is not None else None
+    if cfg is not None:
+        os.close(cfg)
+        dirs = sorted(tree.joinpath(*venv).glob("lib/python3*/site-packages"))
+    else:
+        dirs = sorted(d for g in SYSTEM_SITE_GLOBS for d in tree.glob(g))
+    return [d.relative_to(tree).parts for d in dirs]
+
+
+def python_distributions(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> list[Package]:
+    from packageurl import PackageURL
+    from packaging.utils import canonicalize_name
+
+    found = []
+    parser = email.parser.BytesHeaderParser()
+    for parts in site_dirs(tree, venv):
+        fd = _open_inside(tree, parts)
+        if fd is None:
+            continue
+        try:
+            entries = sorted(e.name for e in os.scandir(fd) if e.name.endswith(".dist-info")
+                             and e.is_dir(follow_symlinks=False))
+        finally:
+            os.close(fd)
+        for entry in entries:
+            raw = _read_inside(tree, (*parts, entry, "METADATA"), MAX_METADATA_BYTES)
+            if raw is None:
+                continue
+            meta = parser.parsebytes(raw)
+            name, version = meta.get("Name"), meta.get("Version")
+            if not name or not version:
+                continue
+            purl = PackageURL("pypi", None, canonicalize_name(name), version).to_string()
+            found.append(Package(purl, "pypi", name, version, "/".join((*parts, entry, "METADATA"))))
+    return sorted(set(found))
+
+
+def read_tree(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> list[Package]:
+    """Every Debian package and Python distribution TREE holds, sorted by purl."""
+    tree = Path(tree)
+    return sorted(debian_packages(tree) + python_distributions(tree, venv))
+
+
+def build_bom(packages: list[Package], facts: EnvFacts):
+    """The CycloneDX Bom: the env as metadata.component, one library component per package."""
+    from cyclonedx.model import Property
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
+    from packageurl import PackageURL
+    from envport import __version__
+
+    serial = uuid.uuid5(SERIAL_NAMESPACE, "\n".join([facts.hash, *(p.purl for p in packages)]))
+    bom = Bom(serial_number=serial)
+    if facts.created is not None:
+        bom.metadata.timestamp = facts.created
+    env = Component(name=facts.name, version=facts.hash[:12], type=ComponentType.CONTAINER
+                    if facts.target in ("docker", "apptainer") else ComponentType.APPLICATION,
+                    bom_ref=f"env:{facts.name}@{facts.hash[:12]}")
+    bom.metadata.component = env
+    props = [Property(name="envport:name", value=facts.name), Property(name="envport:hash", value=facts.hash),
+             Property(name="envport:target", value=facts.target),
+             Property(name="envport:lock", value=facts.lock or "none"),
+             Property(name="envport:version", value=__version__)]
+    for prop in props:
+        bom.metadata.properties.add(prop)
+    comps = []
+    for p in packages:
+        comp = Component(name=p.name, version=p.version, type=ComponentType.LIBRARY,
+                         purl=PackageURL.from_string(p.purl), bom_ref=p.purl)
+        comp.properties.add(Property(name="envport:source", value=p.where))
+        bom.components.add(comp)
+        comps.append(comp)
+    # Flat: what the env holds, not who required whom (dpkg status and METADATA are not read for that).
+    bom.register_dependency(env, comps)
+    return bom
+
+
+def to_json(bom) -> str:
+    """The Bom as CycloneDX 1.6 JSON, validated against the library's own copy of the schema."""
+    from cyclonedx.output.json import JsonV1Dot6
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    text = JsonV1Dot6(bom).output_as_string(indent=2)
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    if error is not None:
+        raise ValueError(f"the SBOM does not validate against CycloneDX 1.6: {error}")
+    return text + "\n"
+
+
+def make_sbom(tree: Path, facts: EnvFacts,
+              venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> tuple[str, list[Package]]:
+    """The SBOM of TREE as JSON text, and the packages in it. Without a created time of the env's own, the
+    newest of the files it was read from (not the clock: the same tree gives the same bytes)."""
+    packages = read_tree(tree, venv)
+    if facts.created is None:
+        newest = max((os.lstat(tree / p.where).st_mtime for p in packages), default=0)
+        facts = dataclasses.replace(facts, created=timestamp(newest))
+    return to_json(build_bom(packages, facts)), packages
+
+
+def timestamp(seconds: float) -> datetime:
+    return datetime.fromtimestamp(int(seconds), tz=timezone.utc)
+
+
+# --- the SIF object ----------------------------------------------------------------------
+
+SBOM_EXTRA = struct.Struct("<i")
+
+
+def sif_object(data: bytes) -> tuple[int, bytes, str]:
+    """(datatype, Extra, name) of a cyclonedx-json SBOM object, as apptainer's sif library writes one."""
+    return SBOM_DATATYPE, SBOM_EXTRA.pack(SBOM_FORMAT_CYCLONEDX_JSON), SBOM_NAME
+
+
+def append_to_sif(path: Path, data: bytes) -> None:
+    """Append DATA as the SBOM object of the SIF at PATH, in the primary partition's group.
+
+    In place: the object goes after the last byte, then its descriptor into the first free slot, then the
+    header (free slots, data size, modified time) last, each fsynced, so an interrupted append leaves at
+    worst unreferenced bytes at the end. Must run before signing: a signature covers the group's objects.
+    (The SIF builder is to call this between write_sif and signing; not wired in yet.)"""
+    import time
+    from envport.engines.sif import (DESCRIPTOR, GROUP_MASK, HEADER, SifError, primary_partition, read_sif)
+
+    info = read_sif(path)
+    if info.descriptors_free < 1:
+        raise SifError("no_free_descriptor", f"{path}: the descriptor table is full; rebuild it")
+    part = primary_partition(info)
+    datatype, extra, name = sif_object(data)
+    used = {d.id for d in info.descriptors}
+    new_id = max(used) + 1
+    now = int(time.time())
+    with open(path, "r+b") as fh:
+        head = HEADER.unpack(fh.read(HEADER.size))
+        fh.seek(head[9])
+        table = fh.read(head[10])
+        slot = next(i for i in range(head[8]) if not DESCRIPTOR.unpack_from(table, i * DESCRIPTOR.size)[1])
+        offset = info.file_size
+        fh.seek(offset)
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+        desc = DESCRIPTOR.pack(datatype, True, new_id, GROUP_MASK | (part.group or 1), 0, offset, len(data),
+                               len(data), now, now, 0, 0, name.encode(), extra)
+        fh.seek(head[9] + slot * DESCRIPTOR.size)
+        fh.write(desc)
+        fh.flush()
+        os.fsync(fh.fileno())
+        fields = list(head)
+        fields[6], fields[7], fields[12] = now, head[7] - 1, offset + len(data) - head[11]
+        fh.seek(0)
+        fh.write(HEADER.pack(*fields))
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -1,0 +1,216 @@
+"""`envport sbom`: the SBOM of a built env read from its content, compared with what the env's own tools
+say inside it (`pip list`, `dpkg-query -W`): a venv, a docker image, a SIF (small specs: six only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envport.report import sbom
+
+from .registry_fixture import SITE, SMALL, small_project, small_sif  # noqa: F401 (fixtures)
+from .support import as_json, fail_with, missing, run_envport
+
+PIP_LIST = ["python", "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"]
+DPKG_QUERY = ["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Status}\n"]
+
+
+def _validate(text: str) -> dict:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    return json.loads(text)
+
+
+def _components(doc: dict, kind: str) -> set[tuple[str, str]]:
+    return {(c["name"], c["version"]) for c in doc["components"] if c["purl"].startswith(f"pkg:{kind}/")}
+
+
+def _pip(out: str) -> set[tuple[str, str]]:
+    return {(d["name"], d["version"]) for d in json.loads(out)}
+
+
+def _dpkg(out: str) -> set[tuple[str, str]]:
+    rows = [line.split("\t") for line in out.splitlines() if line]
+    return {(name, version) for name, version, status in rows if status == "installed"}
+
+
+# --- the reader, on trees made here -------------------------------------------------------
+
+STATUS = """Package: adduser
+Status: install ok installed
+Architecture: all
+Version: 3.134
+Description: add and remove users
+ continuation line: Version: 9.9
+
+Package: gone
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 1.0
+
+Package: libc6
+Status: install ok installed
+Architecture: amd64
+Multi-Arch: same
+Version: 2.36-9+deb12u4
+"""
+
+
+def _dist(site: Path, dirname: str, name: str, version: str) -> None:
+    (site / dirname).mkdir(parents=True)
+    (site / dirname / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nbody\n")
+
+
+def test_reads_installed_debian_packages_and_the_venvs_distributions(tmp_path: Path):
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text(STATUS)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/os-release").write_text('ID=debian\nVERSION_ID="12"\n')
+    venv = tmp_path / "opt/envport/venv"
+    (venv).mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    site = venv / "lib/python3.11/site-packages"
+    _dist(site, "six-1.16.0.dist-info", "six", "1.16.0")
+    _dist(site, "Typing_Extensions-4.0.dist-info", "Typing_Extensions", "4.0")
+    (site / "notes.dist-info").mkdir()  # no METADATA: not a distribution
+    # Debian's own python3-pip: a deb component, not the env's distribution.
+    _dist(tmp_path / "usr/lib/python3/dist-packages", "pip-23.0.1.dist-info", "pip", "23.0.1")
+    got = sbom.read_tree(tmp_path)
+    assert [p.purl for p in got] == [
+        "pkg:deb/debian/adduser@3.134?arch=all&distro=debian-12",
+        "pkg:deb/debian/libc6@2.36-9%2Bdeb12u4?arch=amd64&distro=debian-12",
+        "pkg:pypi/six@1.16.0",
+        "pkg:pypi/typing-extensions@4.0",
+    ]
+    facts = sbom.EnvFacts("tiny", "ab" * 32, "docker", lock="specs/tiny.lock sha256:00")
+    doc = _validate(sbom.to_json(sbom.build_bom(got, facts)))
+    props = {p["name"]: p["value"] for p in doc["metadata"]["properties"]}
+    assert props["envport:hash"] == "ab" * 32 and props["envport:lock"] == "specs/tiny.lock sha256:00"
+    assert doc["metadata"]["component"]["name"] == "tiny" and doc["specVersion"] == "1.6"
+    # Deterministic: the same tree gives the same bytes (serial number included).
+    assert sbom.make_sbom(tmp_path, facts) == sbom.make_sbom(tmp_path, facts)
+
+
+def test_without_envports_venv_the_system_site_packages_are_read(tmp_path: Path):
+    _dist(tmp_path / "usr/lib/python3/dist-packages", "pip-23.0.1.dist-info", "pip", "23.0.1")
+    _dist(tmp_path / "usr/local/lib/python3.11/site-packages", "six-1.16.0.dist-info", "six", "1.16.0")
+    assert [p.purl for p in sbom.read_tree(tmp_path)] == ["pkg:pypi/pip@23.0.1", "pkg:pypi/six@1.16.0"]
+
+
+def test_symlinks_in_the_tree_are_not_followed_out_of_it(tmp_path: Path):
+    # An image's var/lib/dpkg/status (or a directory above a dist-info) pointing outside the tree
+    # would otherwise read this host's files through the mount.
+    outside = tmp_path / "host"
+    (outside / "dpkg").mkdir(parents=True)
+    (outside / "dpkg/status").write_text(STATUS)
+    _dist(outside / "site", "evil-1.0.dist-info", "evil", "1.0")
+    tree = tmp_path / "tree"
+    (tree / "var/lib").mkdir(parents=True)
+    os.symlink(outside / "dpkg", tree / "var/lib/dpkg")
+    (tree / "usr/local/lib/python3.11").mkdir(parents=True)
+    os.symlink(outside / "site", tree / "usr/local/lib/python3.11/site-packages")
+    assert sbom.read_tree(tree) == []
+
+
+# --- the SIF object ------------------------------------------------------------------------
+
+
+def test_appended_sbom_object_is_what_siftool_reads(small_sif, tmp_path: Path):
+    from envport.engines.sif import read_sif
+
+    if shutil.which("siftool") is None:
+        missing("siftool (apt-get install siftool)")
+    copy = tmp_path / small_sif.path.name
+    shutil.copyfile(small_sif.path, copy)
+    data = b'{"bomFormat": "CycloneDX"}\n'
+    sbom.append_to_sif(copy, data)
+    info = read_sif(copy)
+    [desc] = [d for d in info.descriptors if d.datatype == sbom.SBOM_DATATYPE]
+    partition = [d for d in info.descriptors if d.datatype == 0x4004][0]
+    assert desc.group == partition.group and desc.name == sbom.SBOM_NAME
+    listed = subprocess.run(["siftool", "list", str(copy)], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "SBOM" in listed.stdout, listed.stdout + listed.stderr
+    dumped = subprocess.run(["siftool", "dump", str(desc.id), str(copy)], capture_output=True, timeout=60)
+    assert dumped.returncode == 0 and dumped.stdout == data, dumped
+    info_out = subprocess.run(["siftool", "info", str(desc.id), str(copy)], capture_output=True, text=True,
+                              timeout=60)
+    assert "cyclonedx-json" in info_out.stdout.lower() or "CycloneDX" in info_out.stdout, info_out.stdout
+    # The rest of the file is untouched: the partition's bytes are where they were.
+    with open(copy, "rb") as a, open(small_sif.path, "rb") as b:
+        a.seek(partition.offset)
+        b.seek(partition.offset)
+        assert a.read(1 << 20) == b.read(1 << 20)
+
+
+# --- built envs ----------------------------------------------------------------------------
+
+
+def test_sif_sbom_lists_what_pip_and_dpkg_show_inside_it(small_sif, tmp_path: Path):
+    from envport.engines.sif_run import ch_run_argv, ch_run_env, missing_tools, mounted
+
+    if missing_tools("ch-run"):
+        missing(f"to run inside the SIF: {', '.join(missing_tools('ch-run'))}")
+    out = tmp_path / "sif.cdx.json"
+    proc = run_envport("sbom", str(small_sif.path), "-o", str(out), root=small_sif.root, timeout=300)
+    assert proc.returncode == 0, fail_with(proc, "envport sbom FILE.sif")
+    doc = _validate(out.read_text())
+    with mounted(small_sif.path) as mnt:
+        inside = {name: subprocess.run(ch_run_argv(str(mnt), argv), capture_output=True, text=True,
+                                       env=ch_run_env(), timeout=120)
+                  for name, argv in (("pip", PIP_LIST), ("dpkg", DPKG_QUERY))}
+    for name, ran in inside.items():
+        assert ran.returncode == 0, (name, ran.stderr)
+    assert _components(doc, "pypi") == _pip(inside["pip"].stdout)
+    assert ("six", "1.16.0") in _components(doc, "pypi")
+    assert _components(doc, "deb") == _dpkg(inside["dpkg"].stdout)
+    props = {p["name"]: p["value"] for p in doc["metadata"]["properties"]}
+    assert props["envport:hash"] == small_sif.hash
+
+
+def test_image_sbom_lists_what_pip_and_dpkg_show_inside_it(small_project, docker_client, base_image,
+                                                           throwaway_images):
+    throwaway_images.append(SMALL)
+    built = run_envport("build", SMALL, "--target", "docker", "--site", SITE, "--json", root=small_project,
+                        timeout=900)
+    assert built.returncode == 0, fail_with(built, "envport build --target docker")
+    tag = as_json(built)["steps"][-1]["data"]["image"]
+    proc = run_envport("sbom", SMALL, "--target", "docker", "--site", SITE, root=small_project, timeout=300)
+    assert proc.returncode == 0, fail_with(proc, "envport sbom --target docker")
+    doc = _validate(proc.stdout)
+    pip = docker_client.containers.run(tag, PIP_LIST, remove=True, network_disabled=True).decode()
+    dpkg = docker_client.containers.run(tag, DPKG_QUERY, remove=True, network_disabled=True).decode()
+    assert _components(doc, "pypi") == _pip(pip)
+    assert _components(doc, "deb") == _dpkg(dpkg) and len(_dpkg(dpkg)) > 50
+
+
+def test_venv_sbom_lists_what_its_pip_shows(small_project, tmp_path: Path):
+    env = {**os.environ, "ENVPORT_ENVS_DIR": str(tmp_path / "envs")}
+    built = run_envport("build", SMALL, "--target", "venv", "--site", SITE, root=small_project, env=env,
+                        timeout=900)
+    assert built.returncode == 0, fail_with(built, "envport build --target venv")
+    proc = run_envport("sbom", SMALL, "--target", "venv", "--site", SITE, root=small_project, env=env, timeout=300)
+    assert proc.returncode == 0, fail_with(proc, "envport sbom --target venv")
+    doc = _validate(proc.stdout)
+    python = tmp_path / "envs" / SMALL / "bin" / "python"
+    pip = subprocess.run([str(python), *PIP_LIST[1:]], capture_output=True, text=True, timeout=120)
+    assert _components(doc, "pypi") == _pip(pip.stdout) and ("six", "1.16.0") in _pip(pip.stdout)
+    assert _components(doc, "deb") == set()  # a venv holds no Debian packages: the host's are not the env's
+
+
+@pytest.mark.parametrize("target, reason", [("venv", "env_missing"), ("apptainer", "sif_missing")])
+def test_an_unbuilt_env_is_refused_with_the_build_command(small_project, tmp_path: Path, target, reason):
+    from .support import write_spec
+
+    write_spec(small_project, "tiny-unbuilt-sbom", pip_phases=[["six==1.15.0"]])
+    env = {**os.environ, "ENVPORT_ENVS_DIR": str(tmp_path / "envs")}
+    proc = run_envport("sbom", "tiny-unbuilt-sbom", "--target", target, root=small_project, env=env, timeout=120)
+    assert proc.returncode == 3, fail_with(proc, "sbom of an unbuilt env")
+    assert f"[{reason}]" in proc.stderr and f"envport build tiny-unbuilt-sbom --target {target}" in proc.stderr
+    assert proc.stdout == ""
