@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envport.core.errors import EnvportError, Problem, SpecError
-from envport.spec.model import Spec
+from envport.spec.model import SLUG_RE, Spec
 from envport.spec.yamlfile import RawSpec, read_mapping, unreadable, validate
 
 SPECS_DIR = "specs"
@@ -81,7 +81,9 @@ def resolve_ref(ref: str, root: Path | None) -> tuple[Path, Path]:
     """A spec given by name (specs/<name>.yaml) or by path -> (file, project root)."""
     p = Path(ref)
     if p.suffix in (".yaml", ".yml") or "/" in ref:
-        path = _real(p)
+        # Where the user named it, not where a link points: a link out of specs/ is then refused
+        # by _outside_specs instead of making its target's folder the project.
+        path = Path(os.path.abspath(p))
         if root is None:
             root = path.parent.parent if path.parent.name == SPECS_DIR else find_root(path.parent)
         return path, root
@@ -89,16 +91,36 @@ def resolve_ref(ref: str, root: Path | None) -> tuple[Path, Path]:
     return root / SPECS_DIR / f"{ref}.yaml", root
 
 
+def _outside_specs(path: Path, specs_dir: Path) -> Path | None:
+    """Where PATH really is when that is outside specs/ (a link or `..` out of it), else None.
+
+    Checked before the file is opened: a spec's lines are echoed in its error messages (an unknown
+    key, a bad value), so reading /etc/shadow through a link would print its lines."""
+    real = _real(path)
+    return None if _real(specs_dir) in real.parents else real
+
+
 def _load_raw_chain(path: Path, specs_dir: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, list[RawSpec]]:
+    if (real := _outside_specs(path, specs_dir)) is not None:
+        raise SpecError([Problem(str(path), None, "", f"resolves outside {SPECS_DIR}/ (to {real}); envport reads "
+                                 f"specs only from the project's {SPECS_DIR}/ and did not open it",
+                                 f"copy the spec into {specs_dir}/ as a file (not a link out of it)")])
     raw = read_yaml(path)
     label = str(path)
     parent_name = raw.data.get("extends")
     if parent_name is None:
         return raw.data, [raw]
-    if not isinstance(parent_name, str):
+    if not isinstance(parent_name, str) or not SLUG_RE.match(parent_name):
+        written = f", not {parent_name!r}" if isinstance(parent_name, str) else ""
         raise SpecError([Problem(label, raw.lines.get(("extends",)), "extends",
-                                 "expected the name of another spec in specs/", "write e.g. `extends: base-cuda`")])
+                                 f"expected the name of another spec in {SPECS_DIR}/{written} (a name, not a path)",
+                                 "write e.g. `extends: base-cuda` for specs/base-cuda.yaml")])
     parent_path = specs_dir / f"{parent_name}.yaml"
+    if (real := _outside_specs(parent_path, specs_dir)) is not None:
+        raise SpecError([Problem(label, raw.lines.get(("extends",)), "extends",
+                                 f"parent spec {parent_name!r} ({parent_path}) resolves outside {SPECS_DIR}/ "
+                                 f"(to {real}); envport did not open it",
+                                 f"make {SPECS_DIR}/{parent_name}.yaml a file in {SPECS_DIR}/, not a link out of it")])
     chain = seen + (_real(path),)
     if _real(parent_path) in chain:
         cycle = " -> ".join(p.stem for p in chain + (_real(parent_path),))

@@ -25,6 +25,8 @@ from pydantic import (
     field_validator,
 )
 
+from envport.core.nesting import too_deep
+
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Docker/OCI image reference: registry/path:tag@digest, no shell metacharacters.
@@ -39,15 +41,18 @@ LABEL_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 SM_RE = re.compile(r"^sm_\d{2,3}a?$")
 URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\]+$")
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls, and the Unicode line and paragraph separators: Python's splitlines() (and
+# some editors and terminals) break a line at U+0085, U+2028 and U+2029, so a value holding one
+# could read as two lines to one parser and as one to another (a smuggled `.def` label).
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _no_control(value: str) -> str:
     if CONTROL_RE.search(value):
         raise ValueError(
-            "must not contain newlines, tabs or other control characters "
-            "(split a multi-line command into several entries or a shim file)"
+            "must not contain newlines, tabs, line separators (U+2028, U+2029, U+0085) or other "
+            "control characters (split a multi-line command into several entries or a shim file)"
         )
     return value
 
@@ -149,6 +154,9 @@ def _container_path(value: str) -> str:
 
 def _requirement(value: str) -> str:
     _no_control(value)
+    if deep := too_deep(value):
+        # packaging's marker parser recurses once per `(`: thousands of them are a RecursionError
+        raise ValueError(f"{value[:40]!r}... is {deep}; write the requirement without the nesting")
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:

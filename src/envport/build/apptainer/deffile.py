@@ -189,9 +189,15 @@ def _section(no: int, line: str, body: list[str], source: str) -> Section:
     return Section(name=name, args=args, body="".join(body), line=no)
 
 
+def _lines(section: Section) -> list[str]:
+    """A section's body lines, cut at \n only as apptainer's scanner cuts them: str.splitlines() would also
+    cut at U+2028, U+2029 and U+0085, so one label line holding one would read here as two labels."""
+    return section.body.removesuffix("\n").split("\n") if section.body else []
+
+
 def _labels(section: Section) -> list[tuple[str, str]]:
     out = []
-    for line in section.body.splitlines():
+    for line in _lines(section):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -202,7 +208,7 @@ def _labels(section: Section) -> list[tuple[str, str]]:
 
 def _files(section: Section, source: str) -> list[FileCopy]:
     out = []
-    for offset, raw in enumerate(section.body.splitlines(), start=1):
+    for offset, raw in enumerate(_lines(section), start=1):
         no, line = section.line + offset, raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -224,7 +230,7 @@ def _files(section: Section, source: str) -> list[FileCopy]:
 def _steps(section: Section) -> list[PostStep]:
     """The `echo 'envport: step i/n title'` lines of a %post body, with the marker of the comment above."""
     steps, marker = [], ""
-    for offset, raw in enumerate(section.body.splitlines(), start=1):
+    for offset, raw in enumerate(_lines(section), start=1):
         comment = STEP_COMMENT.match(raw)
         if comment:
             marker = comment.group(3)

@@ -257,7 +257,8 @@ def _read_build_labels(root: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     labels = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    # \n only, as apptainer reads it (splitlines() would also cut at U+2028/U+2029/U+0085).
+    for line in path.read_text(encoding="utf-8").split("\n"):
         line = line.strip()
         if line and not line.startswith("#"):
             key, _, value = line.partition(" ")
