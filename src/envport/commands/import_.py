@@ -14,8 +14,8 @@ def register(sub) -> None:
         description="Read an existing recipe and write specs/NAME.yaml (+ the files it copies under "
         "specs/files/NAME/), then print every construct that did not map exactly as FILE:LINE: what: what envport "
         "did: why (fix: ...). Exit 0 when the spec validates, 1 when it was written with fields to fill (marked "
-        "FILL), 2 when the input cannot be read or its spec would pass a spec's bounds (2000 run commands, 64 KiB), "
-        "3 when the spec exists (pass --force). docs/import.md says what maps.")
+        "FILL) or without a step it could not read (a here-document RUN), 2 when the input cannot be read or its "
+        "spec would pass a spec's bounds (2000 run commands, 64 KiB), 3 when the spec exists (pass --force). docs/import.md says what maps.")
     p.add_argument("file", metavar="FILE", help="the recipe to import")
     p.add_argument("--name", default=None, help="the spec's name (default: from the file or its folder)")
     p.add_argument("--kind", default=None, choices=["dockerfile", "def", "conda", "requirements", "shell"],
@@ -56,6 +56,9 @@ def run(args) -> int:
     if not set(result.mapped) - {"run_commands"}:
         print(f"INCOMPLETE {result.spec_path} {verb}: nothing in {Path(args.file).name} mapped exactly; the spec "
               "is a skeleton to finish from the lines above")
+    elif result.lost:
+        print(f"INCOMPLETE {result.spec_path} {verb}: {len(result.lost)} step(s) that may install something were "
+              "not read (`dropped (a step that may install something…)` above); add them to the spec by hand")
     elif result.valid:
         print(f"OK       {result.spec_path} {verb}; it validates (next: envport render {result.name})")
     else:

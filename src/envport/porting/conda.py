@@ -4,8 +4,9 @@ envport has no conda solver in its containers, so conda packages are never
 silently turned into something else: each one is reported with the
 system_pkgs or pip equivalent where a well-known one exists.  `pip:`
 sections are pip calls and map exactly, as phases after the conda part;
-`variables:` become env.  The YAML is composed (not constructed) and walked
-for line numbers, so anchors cannot expand and every note names its line.
+`variables:` become env.  The YAML is composed by the spec reader
+(spec/yamlfile.compose: the same size, depth and no-alias bounds as a spec)
+and walked for line numbers, so every note names its line.
 """
 
 from __future__ import annotations
@@ -92,13 +93,16 @@ def _scalar(node) -> Optional[str]:
 
 def read_environment(text: str, label: str, draft: Draft,
                      open_file: Callable[[str], Optional[tuple[str, str]]] = lambda p: None) -> None:
+    from envport.core.errors import SpecError
+    from envport.spec.yamlfile import compose
+
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{label}:{mark.line + 1}" if mark else label
-        raise ImportRefused(f"{where}: not YAML envport can read ({getattr(exc, 'problem', None) or exc}); "
-                            "fix the file and import again") from None
+        root = compose(text, label)
+    except SpecError as exc:
+        p = exc.problems[0]
+        where = f"{label}:{p.line}" if p.line else label
+        raise ImportRefused(f"{where}: not YAML envport can read ({p.message}); {p.fix or 'fix the file'} and "
+                            "import again") from None
     if not isinstance(root, yaml.MappingNode):
         raise ImportRefused(f"{label}: an environment.yml is a mapping with `dependencies:`; this file is not one")
     for key_node, value in root.value:

@@ -8,6 +8,7 @@ is bounded by source.read_text and stays inside the context directory.
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,12 @@ class BuildContext:
     copies: dict[str, Path] = field(default_factory=dict)  # container path -> host file or dir
 
     def host(self, src: str) -> Optional[Path]:
-        """A context-relative source as a host path inside the context, or None when it escapes it."""
-        path = (self.root / src.lstrip("/")).resolve() if not src.startswith("/") else Path(src)
+        """A context-relative source (or a host path) as a host path inside the context, or None when it
+        escapes it.  Resolved first, links and `..` included: `-r ../../x` or a link to /etc/shadow is
+        outside, whatever its text says."""
+        path = Path(os.path.realpath(self.root / src))  # an absolute SRC stays itself (pathlib)
         try:
-            path.relative_to(self.root.resolve())
+            path.relative_to(os.path.realpath(self.root))
         except ValueError:
             return None
         return path
@@ -51,7 +54,7 @@ class BuildContext:
             if not written.startswith("/"):
                 candidates.append(self.root / written)
             for cand in candidates:
-                host = self.host(str(cand)) if cand.is_absolute() else self.host(str(cand))
+                host = self.host(str(cand))
                 if host is not None and host.is_file():
                     try:
                         return read_text(host, self.label(host)), self.label(host)

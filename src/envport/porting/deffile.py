@@ -150,7 +150,7 @@ def _environment(body: list[str], first: int, draft: Draft, rendered: bool) -> d
             for w in words:
                 k, _, v = w.partition("=")
                 found[k] = v
-                add_env(draft, k, v, i, rendered=rendered, construct=f"export {k}={v}")
+                add_env(draft, k, v, i, rendered=rendered, construct=f"export {k}={v}", shell=True)
         else:
             draft.note(i, line, DROPPED, "%environment lines other than assignments have no spec field",
                        "move the work into a run command")

@@ -16,6 +16,38 @@ from envport.porting.report import DROPPED, REPORTED, Draft
 
 CONTAINER_VENV = "/opt/envport/venv"
 REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+# The longest text a `$VAR` substitution may make.  Each ENV may refer to earlier ones, so the
+# length can triple per line (an 864-byte Dockerfile grew one value to 1.3 GB); real values
+# (PATH-like lists) are a few hundred characters.
+MAX_EXPANDED = 8192
+
+
+def substitute(text: str, variables: dict[str, str], limit: int = MAX_EXPANDED) -> tuple[Optional[str], list[str]]:
+    """TEXT with each $VAR / ${VAR} known in VARIABLES replaced, and the names not known (left as written).
+
+    None instead of the text when it would be longer than LIMIT characters: counted before it is built."""
+    out, missing, size, last = [], [], 0, 0
+    for m in VAR.finditer(text):
+        name = m.group(1)
+        value = variables[name] if name in variables else m.group(0)
+        if name not in variables:
+            missing.append(name)
+        size += (m.start() - last) + len(value)
+        if size > limit:
+            return None, missing
+        out += [text[last:m.start()], value]
+        last = m.end()
+    if size + len(text) - last > limit:
+        return None, missing
+    out.append(text[last:])
+    return "".join(out), missing
+
+
+def too_long(done: str) -> tuple[str, str]:
+    """The (why, fix) of a note for a substitution past MAX_EXPANDED; DONE: what envport did instead."""
+    return (f"substituting its variables would make more than {MAX_EXPANDED} characters (references that "
+            f"multiply, line after line); {done}", "write the value out in full")
 
 
 def env_value_ok(key: str, value: str) -> str:
@@ -36,8 +68,15 @@ class _NoInfo:
 
 
 def add_env(draft: Draft, key: str, value: str, line: Optional[int], file: Optional[str] = None,
-            rendered: bool = False, construct: str = "") -> None:
+            rendered: bool = False, construct: str = "", shell: bool = False) -> None:
+    """SHELL: the value was read from shell text (%environment, a script's export), where `…` and $(…)
+    run a command; a Dockerfile ENV is not shell, and there they are plain characters."""
     construct = construct or f"{key}={value}"
+    if shell and ("`" in value or "$(" in value):
+        draft.note(line, construct, DROPPED, "a command substitution (`…` or $(…)) runs a command each time the "
+                   "env starts; the spec's env values are literal text, so the value is unknown here",
+                   "write the value it gives out in full, or compute it in a shim script", file=file)
+        return
     if key == "VIRTUAL_ENV" and value == CONTAINER_VENV or key == "PATH" and value.startswith(CONTAINER_VENV + "/bin:"):
         if not rendered:
             draft.note(line, construct, DROPPED, "envport's own venv activation; every target sets it", file=file)

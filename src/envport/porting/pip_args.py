@@ -175,8 +175,11 @@ def _include(path: str, ctx: PipContext, phase: Phase) -> None:
         return
     found = ctx.open_file(expanded)
     if found is None:
-        ctx.note(f"-r {path}", DROPPED, "the requirements file is not in the build context, so its "
-                 "requirements are unknown", "put it next to the recipe (or pass --context DIR) and import again")
+        # Named, never read: a file outside the context (`../../x`, a link) could be anyone's.
+        ctx.draft.lose(ctx.line, f"-r {path}", "the requirements file is not a file inside the build context "
+                       "(missing, or outside it through `..` or a link; envport reads -r files only inside it), so "
+                       "its requirements are unknown", "put it next to the recipe (or pass --context DIR) and "
+                       "import again", file=ctx.file)
         return
     text, label = found
     sub = PipContext(ctx.draft, label, None, ctx.open_file, ctx.variables, ctx.depth + 1, ctx.python)

@@ -17,6 +17,9 @@ from typing import Optional
 KEPT = "kept as a run command"
 DROPPED = "dropped"
 REPORTED = "reported"
+# A step that ran (and may have installed something) but could not be read at all: the env the
+# spec describes may lack what it made, so the import is incomplete (exit 1) however valid the spec.
+LOST = "dropped (a step that may install something; the spec lacks it)"
 
 
 def turned_into(field_name: str) -> str:
@@ -95,6 +98,7 @@ class Draft:
     # weight_dirs entries suggested from downloads: written commented out, never baked.
     suggested_weights: list[tuple[str, dict]] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    lost: list[Note] = field(default_factory=list)  # the LOST notes: steps whose effect the spec lacks
     name_hint: Optional[str] = None  # e.g. environment.yml's `name:`
     seq: int = 0
 
@@ -109,6 +113,12 @@ class Draft:
     def note(self, line: Optional[int], construct: str, action: str, why: str, fix: str = "",
              file: Optional[str] = None) -> None:
         self.notes.append(Note(file or self.file, line, shorten(construct), action, why, fix))
+
+    def lose(self, line: Optional[int], construct: str, why: str, fix: str, file: Optional[str] = None) -> None:
+        """A step that was not read (a here-document, a line too deeply nested): noted, and the import is
+        incomplete until a person adds it."""
+        self.note(line, construct, LOST, why, fix, file=file)
+        self.lost.append(self.notes[-1])
 
     def set_python(self, version: str, how: str, line: Optional[int], file: Optional[str] = None,
                    guessed: bool = False) -> None:

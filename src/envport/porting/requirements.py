@@ -19,13 +19,14 @@ from typing import Callable, Optional
 from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
 
+from envport.core.nesting import too_deep
+from envport.porting.envvars import substitute, too_long
 from envport.porting.report import DROPPED, REPORTED, Draft, Phase, turned_into
 
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 ARCHIVE_EXT = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
 MAX_DEPTH = 8  # -r inside -r inside ...: pip has no bound, a cycle would loop
 LINE_OPTION = re.compile(r"\s-{1,2}[a-zA-Z]")
-VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 
 
 @dataclass
@@ -47,12 +48,14 @@ class PipContext:
 
 def expand(word: str, ctx: PipContext) -> Optional[str]:
     """$VAR / ${VAR} from the values known where the line runs; None (reported) when one is unknown."""
-    unknown = [m.group(1) for m in VARIABLE.finditer(word) if m.group(1) not in (ctx.variables or {})]
+    out, unknown = substitute(word, ctx.variables or {})
     if unknown:
         ctx.note(word, DROPPED, f"${unknown[0]} is not set by the recipe where this line runs, so its value is "
                  "unknown here", f"write the value into the spec's pip_phases")
         return None
-    return VARIABLE.sub(lambda m: (ctx.variables or {})[m.group(1)], word)
+    if out is None:
+        ctx.note(word, DROPPED, *too_long("envport does not read it"))
+    return out
 
 
 def _marker_env(python: str) -> dict[str, str]:
@@ -102,6 +105,9 @@ def requirement(text: str, ctx: PipContext) -> Optional[str]:
         ctx.note(text, turned_into("a direct reference"), f"written as `{name} @ …`; the name comes from "
                  f"{'#egg=' if '#egg=' in text else 'the URL'}", "check the name is the distribution's")
         text = f"{name} @ {url}"
+    if deep := too_deep(text):
+        ctx.note(text, DROPPED, f"{deep}: envport does not read it", "fix it in the source and import again")
+        return None
     try:
         req = Requirement(text)
     except (InvalidRequirement, InvalidMarker) as exc:

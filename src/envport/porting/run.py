@@ -45,9 +45,11 @@ class Result:
     dry_run: bool = False
     mapped: dict[str, int] = field(default_factory=dict)
 
+    lost: list[Note] = field(default_factory=list)  # steps that were not read at all (report.LOST)
+
     @property
     def valid(self) -> bool:
-        return not self.problems and not self.output.fill
+        return not self.problems and not self.output.fill and not self.lost
 
     @property
     def exit_code(self) -> int:
@@ -58,6 +60,7 @@ class Result:
         return {"kind": self.kind, "source": self.source, "name": self.name,
                 "spec": self.spec_path, "written": self.written, "dry_run": self.dry_run, "valid": self.valid,
                 "mapped": self.mapped, "fill": [{"field": f, "why": w} for f, w in self.output.fill],
+                "lost": [n.as_dict() for n in self.lost],
                 "notes": [n.as_dict() for n in self.notes],
                 "files": sorted(f"specs/{p}" for p in self.output.files), "spec_text": self.output.text}
 
@@ -93,6 +96,10 @@ def detect(path: Path, text: str) -> str:
 def _is_requirement(line: str) -> bool:
     from packaging.requirements import InvalidRequirement, Requirement
 
+    from envport.core.nesting import too_deep
+
+    if too_deep(line):
+        return False  # packaging's marker parser recurses per `(`
     try:
         Requirement(line.split(" #", 1)[0].split(" --", 1)[0].strip())
     except InvalidRequirement:
@@ -230,7 +237,7 @@ def import_recipe(path: Path, root: Path, name: Optional[str] = None, kind: Opti
                             f"file holds ({MAX_BYTES // 1024} KiB at most); split the recipe, or turn its steps "
                             "into a script shipped as a shim file")
     result = Result(kind=kind, source=str(path), name=name, spec_path=f"specs/{name}.yaml", output=out,
-                    notes=draft.notes, dry_run=dry_run, mapped=mapped(draft))
+                    notes=draft.notes, dry_run=dry_run, mapped=mapped(draft), lost=draft.lost)
     fill_fields = {f for f, _ in out.fill}
     result.problems = [p for p in validate(out) if p.field not in fill_fields]
     if dry_run:

@@ -484,8 +484,9 @@ def _conda(words, seg, line, ctx: ShellContext) -> str:
             ctx.note(line, seg, turned_into("fields"), f"read {found[1]} (conda itself is not run: see its lines)")
             read_environment(found[0], found[1], ctx.draft, ctx.open_file)
         else:
-            ctx.note(line, seg, DROPPED, "a conda environment file that is not in the build context",
-                     "import the environment.yml itself")
+            ctx.draft.lose(line, seg, "a conda environment file that is not a file inside the build context "
+                           "(missing, or outside it through `..` or a link)", "import the environment.yml itself",
+                           file=ctx.file)
         return "done"
     if sub in ("create", "install"):
         pkgs, skip = [], False
@@ -524,6 +525,11 @@ def _export(words, seg, line, ctx: ShellContext) -> str:
         return "keep"
     if ctx.mode == "docker":
         return "export"
+    if any("`" in v or "$(" in v for _, _, v in pairs):
+        ctx.note(line, seg, KEPT, "a command substitution (`…` or $(…)): the spec's env values are literal text, "
+                 "so the export stays a run command and lasts only while it runs",
+                 "write the value out in `env` if the env needs it at run time")
+        return "keep"
     for k, _, v in pairs:
         before = dict(ctx.draft.env)
         add_env(ctx.draft, k, v, line, ctx.file, construct=f"export {k}={v}")

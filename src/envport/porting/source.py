@@ -51,7 +51,9 @@ def decode(data: bytes, label: str) -> str:
         raise ImportRefused(f"{label}: a binary file (it holds NUL bytes); import a text recipe (Dockerfile, .def, "
                             "environment.yml, requirements file or shell script)")
     try:
-        return data.decode("utf-8")
+        # A leading UTF-8 byte order mark is dropped, as docker (BuildKit) and pip drop it: kept, it
+        # would be part of the first instruction or requirement (`\ufeffFROM`, `\ufeffnumpy`).
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ImportRefused(f"{label}:{line}: byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8 "

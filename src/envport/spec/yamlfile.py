@@ -233,13 +233,18 @@ class _Walk:
         return SpecError([Problem(self.label, node.start_mark.line + 1, format_loc(path), message, fix)])
 
 
-def parse(text: str, path: Path, label: str | None = None) -> RawSpec:
-    """YAML text -> RawSpec, or a SpecError naming the line."""
-    label = label or str(path)
+def compose(text: str, label: str) -> yaml.Node | None:
+    """YAML text -> its node tree, bounded (size, depth, no aliases), or a SpecError naming the line.
+
+    The one way envport reads YAML a person gave it: specs, site and cluster profiles here, an
+    import's environment.yml in porting/conda (which walks the nodes for their lines)."""
+    if len(text) > MAX_BYTES:
+        raise _problem(label, f"is larger than {MAX_BYTES // 1024} KiB; not a hand-written YAML file",
+                       "check the path")
     loader = None
     try:
         loader = _Composer(text)
-        node = loader.get_single_node()
+        return loader.get_single_node()
     except _Refused as exc:
         raise _problem(label, exc.problem, exc.fix, exc.problem_mark.line + 1) from None
     except yaml.reader.ReaderError as exc:
@@ -257,6 +262,12 @@ def parse(text: str, path: Path, label: str | None = None) -> RawSpec:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def parse(text: str, path: Path, label: str | None = None) -> RawSpec:
+    """YAML text -> RawSpec, or a SpecError naming the line."""
+    label = label or str(path)
+    node = compose(text, label)
     if node is None:
         return RawSpec(path, None)
     walk = _Walk(label)
