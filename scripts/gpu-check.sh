@@ -33,7 +33,7 @@
 # most its own limit and never more than what is left of the budget.  Call it
 # with a 300 s limit on the command (timeout_s=300): the 60 s over the budget
 # cover the start and the trap, and a 300 s try leaves room for a rerun on a
-# fresh machine within a 15-minute lease.
+# fresh machine when the GPU host is had for about 15 minutes in all.
 #
 # Exit status: the first witness part's that is not 0 (1 failed, 5 no
 # accelerator), 1 when envport did not install or import, else 0.
@@ -53,7 +53,7 @@ MARK=ENVPORT_GPU_CHECK_RUN  # every process a run starts carries it, so the trap
 prepare() {
     set -e
     mkdir -p "$WHL"
-    if [[ -d "$ROOT/.git" ]] && ! grep -qx '/.whl/' "$ROOT/.git/info/exclude" 2>/dev/null; then
+    if [[ $WHL == "$ROOT/.whl" && -d "$ROOT/.git" ]] && ! grep -qx '/.whl/' "$ROOT/.git/info/exclude" 2>/dev/null; then
         echo '/.whl/' >>"$ROOT/.git/info/exclude"
     fi
     rm -f "$WHL"/*.whl "$WHL/SOURCE" "$WHL/constraints.txt"
