@@ -8,7 +8,10 @@
     (metadata, SIF writing, cleanup: everything but bootstrap, %post and
     mksquashfs) against a bare `mksquashfs` of the same rootfs (goal <= 10 %);
 (b) a no-op build of the present SIF: the builder call and the whole CLI
-    process (goal <= 0.1 s);
+    process (goal <= 0.1 s; one stat against this machine's build record),
+    beside, in the same rounds, the content check a SIF without that record
+    gets and `envport inspect` of it (the partition's sha256 and listing):
+    both as ratios to the no-op;
 (c) the witness suite inside the SIF (ch-run, or apptainer where installed)
     against the same suite in docker (goal <= 1.0x), each `envport witness`
     run as a whole CLI process, SIF and docker alternating --repeat times
@@ -96,22 +99,40 @@ def bench_build(spec: str, root: Path) -> dict:
                             "zstd": {"s": round(zstd_s, 2), "MiB": round(zstd_mib, 1)}}}
 
 
-def bench_present(spec: str, root: Path) -> dict:
-    """(b): a no-op build of the present SIF, the builder call in-process and the whole CLI."""
-    built(spec, "apptainer", root)
+def bench_present(spec: str, root: Path, repeat: int) -> dict:
+    """(b): a no-op build of the present SIF (the builder call in-process: its one stat against this machine's
+    build record; the whole CLI), beside what a file without that record costs (its content checked, as
+    for a SIF in a shared sif_dir) and `envport inspect` of the same SIF, alternating --repeat times."""
+    sif = built(spec, "apptainer", root)[1]["data"]["sif"]
     sys.path.insert(0, str(REPO / "src"))
-    from envport.build.apptainer import builder
+    from envport.build.apptainer import builder, sif_content
     from envport.core.progress import quiet
     from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
     from envport.spec.loader import load_spec
 
     loaded, site = load_spec(spec, root), load_site(None, root)
+    resolved = resolve(loaded, site, "apptainer")
     t0 = time.monotonic()
     res = builder.build(loaded, site, root, progress=quiet)
     call_s = time.monotonic() - t0
-    cli_s, _ = envport("build", spec, "--target", "apptainer", root=root)
+    cli, inspect, content = [], [], []
+    for _ in range(repeat):
+        cli.append(envport("build", spec, "--target", "apptainer", root=root)[0])
+        seconds, proc = envport("inspect", sif, root=root)
+        inspect.append(seconds)
+        t0 = time.monotonic()
+        ok, why = sif_content.content_matches(sif, resolved.hash, resolved.plan, loaded.spec.python)
+        content.append(time.monotonic() - t0)
+    cli_s, inspect_s, content_s = (statistics.median(x) for x in (cli, inspect, content))
     return {"present": {"verdict": res[-1].verdict.value, "builder_call_s": round(call_s, 4),
-                        "cli_process_s": round(cli_s, 3)}}
+                        "cli_process_s": round(cli_s, 3), "cli_runs_s": [round(x, 3) for x in cli],
+                        "content_check_s": round(content_s, 2), "content_ok": ok, "content_why": why,
+                        "inspect_s": round(inspect_s, 2), "inspect_rc": proc.returncode,
+                        "inspect_runs_s": [round(x, 2) for x in inspect],
+                        "inspect_over_noop": round(inspect_s / cli_s, 1),
+                        "content_check_over_noop": round(content_s / cli_s, 1),
+                        "sif_bytes": os.path.getsize(sif)}}
 
 
 def bench_witness(spec: str, root: Path, repeat: int, sif: str | None = None, image: str | None = None) -> dict:
@@ -164,7 +185,10 @@ def report(out: dict, parts: list[str]) -> None:
     if "present" in parts:
         p = out["present"]
         print(f"(b) present: builder call {p['builder_call_s']:.3f}s, whole CLI {p['cli_process_s']:.3f}s "
-              f"(goal <= 0.1 s) [{p['verdict']}]")
+              f"(goal <= 0.1 s) [{p['verdict']}]; a file without this machine's record, its content checked: "
+              f"{p['content_check_s']:.2f}s ({p['content_check_over_noop']}x the no-op); envport inspect "
+              f"{p['inspect_s']:.2f}s ({p['inspect_over_noop']}x the no-op, exit {p['inspect_rc']}) of "
+              f"{p['sif_bytes'] / 1e9:.2f} GB")
     for key in ("witness", "witness_squashfuse"):
         if "witness" not in parts or key not in out:
             continue
@@ -211,7 +235,7 @@ def main() -> int:
         if "build" in parts:
             out.update(bench_build(args.spec, root))
         if "present" in parts:
-            out.update(bench_present(args.spec, root))
+            out.update(bench_present(args.spec, root, args.repeat))
         if "witness" in parts:
             out.update(bench_witness(args.spec, root, args.repeat, args.sif, args.image))
     report(out, parts)

@@ -80,8 +80,9 @@ def test_the_json_answer_is_the_verdict_modules_json(demo_image, capsys):
 @pytest.fixture
 def present_sif(tmp_path):
     """A project whose demo-cpu SIF exists at its identity path with its hash in the labels, and which the full
-    path has already answered once (so the identity is remembered). The partition is a stub: `present` reads
-    the header, the descriptors and inspect-metadata.json, never the squashfs."""
+    path has already answered once (so the identity is remembered). The partition is a stub: `present` takes
+    the file on this machine's build record alone (build/apptainer/sif_record.py, written here as the
+    builder writes it), never reading the squashfs."""
     from envport.build.apptainer.builder import sif_path
     from envport.build.apptainer.singularity_d import inspect_metadata
     from envport.engines.sif import write_sif
@@ -100,6 +101,10 @@ def present_sif(tmp_path):
     write_sif(sif, deffile=b"Bootstrap: docker\n", squashfs_path=squashfs, created=0, uuid=bytes(16),
               inspect_metadata=inspect_metadata(deffile="Bootstrap: docker", environment={},
                                                 labels={"envport.hash": resolved.hash, "envport.name": "demo-cpu"}))
+    from envport.build.apptainer import sif_content, sif_record
+    from envport.engines.sif import read_sif
+
+    sif_record.write(str(sif), resolved.hash, "0" * 64, sif_content.layout(read_sif(sif)))
     assert fast_argv(["-C", str(root), "build", "demo-cpu", "--target", "apptainer"]) is None  # nothing remembered
     full = run_envport("build", "demo-cpu", "--target", "apptainer", "--json", root=root, timeout=300)
     assert full.returncode == 0, full.stdout + full.stderr
@@ -147,7 +152,7 @@ def test_sif_missing_truncated_foreign_or_relabelled_takes_the_full_path(present
     sif.unlink()
     assert _fast_sif(root) is None
     sif.write_bytes(whole)
-    assert _fast_sif(root) == 0  # the same file back: present again
+    assert _fast_sif(root) is None  # the same bytes back, but not the file this machine's build wrote
 
 
 def test_sif_stale_inputs_take_the_full_path(present_sif):

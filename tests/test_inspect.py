@@ -31,12 +31,21 @@ def test_demo_sif_matches_its_spec(demo_sif: BuiltSif):
     proc = _inspect(demo_sif.path, demo_sif.root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert f"env          demo-cpu@{demo_sif.hash[:12]}" in out
     assert f"label        envport.hash={demo_sif.hash}" in out
     assert "environment  export DEMO_GREETING='hello from demo-cpu'  (90-environment.sh)" in out
     assert "object 4     FS Squashfs Primary system amd64 (group 1," in out
     assert out.rstrip().splitlines()[-1].startswith("OK       inspect ")
-    assert f"matches specs/demo-cpu.yaml (demo-cpu@{demo_sif.hash[:12]})" in out
+    # The verdict comes from the partition's own files, not from the labels (issue 21 F3).
+    assert f"env          labels claim demo-cpu@{demo_sif.hash[:12]} (/.singularity.d/labels.json)" in out
+    assert f"matches specs/demo-cpu.yaml from the content (demo-cpu@{demo_sif.hash[:12]}): python 3.11." in out
+    last = out.rstrip().splitlines()[-1]
+    at_lock = last.split("python 3.11.")[1].split(", ", 1)[1]
+    n, total = at_lock.split(" ")[0].split("/")
+    assert n == total and int(total) > 1 and at_lock.endswith("distributions at the lock"), last
+    assert "risks        0 (none)" in out and "risk         " not in out
+    assert "check        integrity: OK: partition sha256" in out
+    data = as_json(_inspect(demo_sif.path, demo_sif.root, "--json"))
+    assert data["sif"]["risks"] == [] and data["sif"]["content"]["distributions"]["torch"]
 
 
 def test_edited_spec_is_stale_naming_the_field(demo_sif: BuiltSif, tmp_path: Path):

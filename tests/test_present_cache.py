@@ -1,5 +1,6 @@
-"""The fast docker `present` path: a remembered hash is trusted only while nothing changed
-and the engine still holds the tag with that hash in its label."""
+"""The fast `present` paths: a remembered hash is trusted only while nothing changed and the engine still
+holds the tag with that hash in its label (docker), or the SIF is the very file this machine's build
+wrote (apptainer: its recorded stat, else its content checked)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import uuid
 import pytest
 
 from envport.build.docker import present as present_cache
+
+from .support import as_json, copy_project, run_envport
+
+pytest_plugins = ["tests.sif_fixtures"]
 
 
 @pytest.fixture
@@ -141,3 +146,77 @@ def test_the_builders_present_asks_the_engine_socket_first(labelled_image):
         assert _present_by_socket(SimpleNamespace(hash="0" * 64, identity=identity)) is None  # another env's label
     finally:
         subprocess.run(["docker", "image", "rm", latest], capture_output=True)
+
+
+# --- a SIF is present only as the file this machine's build wrote, or after its content was checked ---------
+# (issue 21 F3: a SIF dropped into a shared sif_dir with the env's label was `present`, then run)
+
+
+def _labelled_stub(root, name: str, tmp_path):
+    """A SIF at NAME's identity path carrying its hash in inspect-metadata.json over a stub partition."""
+    from envport.build.apptainer.builder import sif_path
+    from envport.build.apptainer.singularity_d import inspect_metadata
+    from envport.engines.sif import write_sif
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.spec.loader import load_spec
+
+    site = load_site("sif-fast", root)
+    resolved = resolve(load_spec(name, root), site, "apptainer")
+    sif = sif_path(site, root, resolved.identity)
+    stub = tmp_path / "stub.sqfs"
+    stub.write_bytes(b"hsqs" + bytes(5000))
+    write_sif(sif, deffile=b"Bootstrap: docker\n", squashfs_path=stub, created=0, uuid=bytes(16),
+              inspect_metadata=inspect_metadata(deffile="Bootstrap: docker", environment={},
+                                                labels={"envport.hash": resolved.hash, "envport.name": name}))
+    return sif, resolved
+
+
+def test_a_labelled_sif_this_machine_did_not_build_is_not_present(sif_project, tmp_path):
+    """Neither the no-op shortcut nor the full path takes it; the build says why and builds the real one."""
+    from envport.build import present_cache as cache
+    from envport.build.apptainer import sif_record
+    from envport.build.apptainer.builder import present
+    from envport.commands.fast import fast_argv
+
+    from .sif_fixtures import require_sif_tools, sif_env
+
+    require_sif_tools()
+    root = copy_project(tmp_path / "project")
+    for d in ("specs", "sites"):
+        shutil.rmtree(root / d)
+        shutil.copytree(sif_project / d, root / d)
+    sif, resolved = _labelled_stub(root, "tiny-sif", tmp_path)
+    cache.remember(root, "tiny-sif", "sif-fast", "apptainer", resolved.hash, str(sif))
+    argv = ["-C", str(root), "build", "tiny-sif", "--target", "apptainer", "--site", "sif-fast"]
+    assert fast_argv(argv) is None  # remembered, labelled, whole: still not this machine's file
+    hit = present(sif, resolved.hash, resolved, "3.11")
+    assert hit is not None and "rejected" in hit, hit  # its content was read, and is not the env
+    proc = run_envport(*argv[2:], "--json", root=root, env=sif_env(), timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = as_json(proc)["steps"][-1]
+    assert last["verdict"] == "OK" and last["data"]["route"] == "envport", last  # built, not `present`
+    assert f"{sif} exists but is not taken as envport.hash={resolved.hash[:12]}" in proc.stderr
+    assert sif_record.unchanged(str(sif), resolved.hash)  # the build recorded what it wrote
+    assert fast_argv(argv) == 0  # and the no-op takes that file, on its record alone
+    sif.touch()  # any write leaves another mtime and ctime
+    assert fast_argv(argv) is None
+
+
+def test_a_copy_of_a_real_sif_is_present_after_its_content_was_checked(tiny_sif, tmp_path):
+    """A file built elsewhere (here: copied to a new path, so no record names it) is present once its own
+    partition was read and found to be the env; then it is recorded, and the next answer is one stat."""
+    from envport.build.apptainer import sif_record
+    from envport.build.apptainer.builder import present
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.spec.loader import load_spec
+
+    copy = tmp_path / tiny_sif.path.name
+    shutil.copyfile(tiny_sif.path, copy)
+    resolved = resolve(load_spec("tiny-sif", tiny_sif.root), load_site("sif-fast", tiny_sif.root), "apptainer")
+    assert present(tiny_sif.path, tiny_sif.hash)["checked"] == "build record"
+    assert present(copy, tiny_sif.hash) is None  # no record, no content check asked for
+    assert present(copy, tiny_sif.hash, resolved, "3.11")["checked"] == "content"
+    assert present(copy, tiny_sif.hash)["checked"] == "build record"
+    assert not sif_record.unchanged(str(copy), "0" * 64)

@@ -6,18 +6,24 @@ import json
 import sys
 from pathlib import Path
 
+from envport.core.untrusted import shown
+
 
 def register(sub) -> None:
-    p = sub.add_parser("inspect", help="read a .sif without apptainer: header, objects, labels, environment, "
-                       "and whether it matches specs/NAME.yaml",
+    p = sub.add_parser("inspect", help="read a .sif without apptainer and judge it by its content: header, "
+                       "objects, the image's own labels, environment, python, distributions and risks, and "
+                       "whether it matches specs/NAME.yaml",
                        description="Read a SIF file with envport alone (no apptainer, no build host): the header "
-                       "and descriptors, the def file, inspect-metadata.json (labels, environment, runscript: "
-                       "what `apptainer inspect` prints), the squashfs superblock, and which spec and hash it "
-                       "was built from. When specs/NAME.yaml is here, say whether the SIF matches it now and, "
-                       "when it does not, which spec fields changed (envport embeds the resolved spec in the "
-                       "SIFs it builds). Exit 0 matches (or nothing to compare with), 1 not a usable SIF "
-                       "(truncated, corrupt, not a SIF: the reason token says which), 3 stale, foreign "
-                       "architecture or not built by envport.")
+                       "and descriptors, the def file and inspect-metadata.json (shown as claims), the squashfs "
+                       "superblock, then the partition itself (unsquashfs, never mounted): its "
+                       "/.singularity.d labels and environment, its python and *.dist-info distributions, and "
+                       "its risks (set-id files, device nodes, world-writable directories without the sticky "
+                       "bit, symlinks leaving the image). It matches specs/NAME.yaml only when the content is "
+                       "what the spec and its lock install; when the spec moved on, the changed fields are "
+                       "named. Text from the file is printed with non-printable characters escaped. Exit 0 "
+                       "matches, 1 not a usable SIF (truncated, corrupt, trailing_bytes, bytes_used_mismatch, "
+                       "corrupt_object, not a SIF: the reason token says which), 3 stale, content_mismatch, "
+                       "labels_disagree, risks, foreign architecture or not built by envport.")
     p.add_argument("sif", metavar="FILE.sif")
     p.add_argument("--spec", default=None, metavar="NAME|PATH",
                    help="compare with this spec (default: the SIF's envport.name label)")
@@ -29,17 +35,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.build.apptainer.sif_inspect import failure, not_envport, read_report
+    from envport.build.apptainer.sif_inspect import failure, not_envport, read_report, verdict
     from envport.core.verdict import exit_code
 
     path = Path(args.sif)
     report, problem = read_report(path)
     if problem is not None:
         result = failure(report, problem)
-    elif not (report.facts.get("labels") or {}).get("envport.hash"):
-        result = not_envport(report)
+    elif not report.claimed.get("envport.hash"):
+        result = verdict(report, not_envport(report))
     else:
-        result = _compare(args, report)
+        result = verdict(report, _compare(args, report))
     code = exit_code([result])
     if args.json:
         json.dump({"command": "inspect", "exit_code": code, "sif": report.facts, "steps": [result.to_dict()]},
@@ -47,14 +53,15 @@ def run(args) -> int:
         sys.stdout.write("\n")
         return code
     _print_facts(report)
-    from envport.core.verdict import report as print_results
-
-    print_results([result], False)
+    # Every line below may hold text from the file (labels, names, messages quoting them): escaped.
+    print(shown(result.line()))
+    for ln in result.lines:
+        print(f"    | {shown(ln)}")
     return code
 
 
 def _compare(args, report):
-    from envport.build.apptainer.sif_inspect import compare
+    from envport.build.apptainer.sif_inspect import compare, embedded_site
     from envport.core.errors import EnvportError
     from envport.core.verdict import StepResult, Verdict
     from envport.plan.site import DEFAULT_SITE, load_site
@@ -62,48 +69,65 @@ def _compare(args, report):
     from envport.renderers import RENDERER_VERSION
     from envport.spec.loader import find_root, load_spec
 
-    labels = report.facts["labels"]
-    name = args.spec or labels.get("envport.name", "")
+    labels = report.claimed
+    name = args.spec or str(labels.get("envport.name", ""))
     step = f"inspect {Path(report.path).name}"
     try:
         root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
         loaded = load_spec(name, None if name.endswith((".yaml", ".yml")) else root)
     except EnvportError as exc:
         return StepResult(step, Verdict.SKIPPED, f"built as {labels.get('envport.name')}@"
-                          f"{labels['envport.hash'][:12]}; not compared: {exc}")
-    embedded = report.facts.get("embedded") or {}
-    site_name = args.site or embedded.get("site") or DEFAULT_SITE
+                          f"{str(labels['envport.hash'])[:12]}; not compared: {exc}")
+    site_name = args.site or embedded_site(report) or DEFAULT_SITE
     if not args.site and site_name != DEFAULT_SITE and not (root / "sites" / f"{site_name}.yaml").is_file():
         site_name = DEFAULT_SITE
-    current = resolve(loaded, load_site(site_name, root), "apptainer").hash
-    return compare(report, loaded, current, RENDERER_VERSION)
+    resolved = resolve(loaded, load_site(site_name, root), "apptainer")
+    return compare(report, loaded, resolved.hash, RENDERER_VERSION, resolved.plan)
 
 
 def _print_facts(report) -> None:
+    """The report as text; every value read from the file goes through `shown` (terminal escapes)."""
+    from envport.core.untrusted import shown
+
     f = report.facts
-    print(f"sif          {report.path}")
+    print(f"sif          {shown(report.path)}")
     if "header" in f:
         h = f["header"]
-        print(f"header       SIF {h['version']}, {h['arch']}, {h['size']} bytes, created {h['created']}, "
-              f"uuid {h['uuid']}")
+        print(f"header       SIF {shown(h['version'])}, {shown(h['arch'])}, {h['size']} bytes, created "
+              f"{shown(h['created'])}, uuid {h['uuid']}")
     for d in f.get("objects", []):
-        extra = f" {d['fs']} {d['partition']} {d['arch']}" if "fs" in d else ""
-        name = f" {d['name']}" if d.get("name") else ""
+        extra = f" {d['fs']} {d['partition']} {shown(d['arch'])}" if "fs" in d else ""
+        name = f" {shown(d['name'])}" if d.get("name") else ""
         print(f"object {d['id']:<5} {d['type']}{name}{extra} (group {d['group']}, {d['size']} bytes at {d['offset']})")
     if "squashfs" in f:
         s = f["squashfs"]
         print(f"squashfs     {s['version']} {s['compression']}, {s['inodes']} inodes, {s['bytes']} bytes, "
               f"block {s['block_size']}")
-    labels = f.get("labels") or {}
+    content = f.get("content")
+    labels = report.claimed
+    source = "/.singularity.d/labels.json" if content and content.get("labels") is not None else \
+        "inspect-metadata.json"
     if labels.get("envport.hash"):
-        print(f"env          {labels.get('envport.name')}@{labels['envport.hash'][:12]}"
-              + (f" (site {f['embedded']['site']})" if f.get("embedded") else ""))
+        print(f"env          labels claim {shown(labels.get('envport.name'))}@{shown(str(labels['envport.hash'])[:12])}"
+              f" ({source})")
     for key in sorted(labels):
-        value = labels[key]
-        print(f"label        {key}={value if len(value) <= 100 else value[:97] + '...'}")
-    for script, text in sorted((f.get("environment") or {}).items()):
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("export ")]
-        for ln in lines:
-            print(f"environment  {ln}  ({Path(script).name})")
+        print(f"label        {shown(key)}={shown(labels[key], 100)}")
+    scripts = content.get("environment") if content else f.get("environment")
+    for script, text in sorted((scripts or {}).items()):
+        for ln in (ln.strip() for ln in text.splitlines()):
+            if ln.startswith("export "):
+                print(f"environment  {shown(ln)}  ({shown(Path(script).name)})")
     if f.get("runscript"):
-        print(f"runscript    {len(f['runscript'].splitlines())} lines")
+        print(f"runscript    {len(f['runscript'].splitlines())} lines (inspect-metadata.json)")
+    if content:
+        dists = content.get("distributions") or {}
+        print(f"content      python {shown(content.get('python') or 'none')}, {len(dists)} distributions, "
+              f"{content.get('entries')} entries (read from the squashfs partition)")
+    for c in report.checks:
+        print(f"check        {c.name}: {c.verdict.value}" + (f" [{c.reason}]" if c.reason else "")
+              + f": {shown(c.detail)}")
+    if content is not None:
+        risks = content.get("risks") or []
+        print(f"risks        {content.get('risk_count', 0)}" + ("" if risks else " (none)"))
+        for r in risks:
+            print(f"risk         {r['kind']}: {shown(r['path'])} ({shown(r['detail'])})")

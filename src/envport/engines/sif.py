@@ -464,7 +464,9 @@ def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: byte
 
 
 def read_json_object(info: SifInfo, name: str) -> dict | None:
-    """The JSON.Generic object called NAME, parsed; None when the SIF has none by that name."""
+    """The JSON.Generic object called NAME, parsed; None when the SIF has none by that name.
+
+    The file is untrusted: JSON nested past the parser's recursion limit is a reason, not a traceback."""
     import json
 
     desc = info.find(datatype=DATA_GENERIC_JSON, name=name)
@@ -473,6 +475,9 @@ def read_json_object(info: SifInfo, name: str) -> dict | None:
     raw = read_object(info, desc)
     try:
         value = json.loads(raw)
+    except RecursionError:
+        raise SifError("corrupt_object", f"{info.path}: object {desc.id} ({name}) is JSON nested too deeply "
+                                         "to read: the file is damaged or crafted; get it again") from None
     except ValueError as exc:
         raise SifError("corrupt_object", f"{info.path}: object {desc.id} ({name}) is not valid JSON ({exc}): "
                                          "the file is damaged; rebuild it") from None
@@ -481,8 +486,28 @@ def read_json_object(info: SifInfo, name: str) -> dict | None:
     return value
 
 
+def json_member(info: SifInfo, name: str, obj: dict | None, *keys: str, kind: type = dict):
+    """OBJ[keys[0]][keys[1]]... of the JSON object NAME, checked to be a KIND: absent members are KIND(),
+    a member of another type is SifError `corrupt_object` (a list where labels belong, a number ...)."""
+    value = obj if obj is not None else {}
+    where = name
+    for key in keys:
+        if not isinstance(value, dict):
+            raise SifError("corrupt_object", f"{info.path}: {where} is a {type(value).__name__}, "
+                                             "not a JSON object: the file is damaged or crafted")
+        value = value.get(key)
+        where += f".{key}"
+        if value is None:
+            return kind()
+    if not isinstance(value, kind):
+        raise SifError("corrupt_object", f"{info.path}: {where} is a {type(value).__name__}, not a "
+                                         f"{'JSON object' if kind is dict else kind.__name__}: the file is "
+                                         "damaged or crafted")
+    return value
+
+
 def sif_labels(info: SifInfo) -> dict[str, str]:
-    """The image labels as `apptainer inspect` shows them: from inspect-metadata.json."""
-    meta = read_json_object(info, "inspect-metadata.json") or {}
-    labels = ((meta.get("data") or {}).get("attributes") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()}
+    """The image labels as `apptainer inspect` shows them: from inspect-metadata.json (unsigned claims)."""
+    meta = read_json_object(info, "inspect-metadata.json")
+    labels = json_member(info, "inspect-metadata.json", meta, "data", "attributes", "labels")
+    return {str(k): v if isinstance(v, str) else str(v) for k, v in labels.items()}

@@ -26,6 +26,7 @@ from envport.build import weights
 from envport.build.apptainer.builder import sif_path
 from envport.core.proc import sigterm_interrupts
 from envport.core.progress import Progress
+from envport.core.untrusted import shown
 from envport.core.verdict import StepResult, Verdict
 from envport.engines import sif_run
 from envport.engines.sif import SifError, read_sif, sif_labels
@@ -84,9 +85,13 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
     try:
         labels = sif_labels(read_sif(path))
     except SifError as exc:
-        fix = f"envport build {spec.name} --target apptainer" if exc.reason == "not_found" else \
-            f"envport inspect {path}"
-        return _refused(step, "sif_missing" if exc.reason == "not_found" else exc.reason, exc.message, fix, start)
+        if exc.reason == "not_found":
+            return _refused(step, "sif_missing", exc.message, f"envport build {spec.name} --target apptainer",
+                            start)
+        # A file that is not a usable SIF (cut short, crafted: wrongly typed or deeply nested metadata) is
+        # broken, not a refusal: FAILED with its reason, exit 1.
+        return StepResult(step, Verdict.FAILED, shown(exc.message), reason=exc.reason,
+                          lines=[f"fix: envport inspect {path}"], seconds=time.monotonic() - start)
     kind = sif_run.runtime()
     absent = sif_run.missing_tools(kind)
     if absent:

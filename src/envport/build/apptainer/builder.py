@@ -15,8 +15,13 @@
 3. `--from-docker` without apptainer: the same SIF layout from the built docker
    image's rootfs (no %post: the image is already built).
 
-`present` only when the file exists AND its labels (inspect-metadata.json)
-carry the env's hash.  Nothing is ever left under the final name by a build
+`present` only for the very file this machine's build wrote (its stat as
+recorded in the state dir, sif_record.py), or one whose content was checked
+(sif_content.content_matches: the partition's own labels, python and
+distributions, no set-id files or device nodes): never on a label alone, which
+anyone can write into a SIF dropped into a shared sif_dir.  The builder leaves
+no set-id bit and no device node in the image (`_defang`): apptainer and ch-run
+never honour them, and a root mount without nosuid would.  Nothing is ever left under the final name by a build
 that did not finish: the SIF is written under a hidden partial name and
 renamed; the rootfs lives in a work directory named by this process's pid,
 and a later run deletes work directories whose process is gone (never one
@@ -44,7 +49,7 @@ from envport.build.apptainer.singularity_d import finish_rootfs, inspect_metadat
 from envport.core.proc import dies_with_parent
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
-from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, sif_labels, write_sif
+from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, write_sif
 from envport.plan.site import Site
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
@@ -64,16 +69,31 @@ def sif_path(site: Site, root: Path, identity) -> Path:
     return site.apptainer.sif_path(root) / identity.sif_name
 
 
-def present(sif: Path, hash_: str) -> Optional[dict]:
-    """{sif, size, labels} when SIF exists and its labels carry HASH; None otherwise (checked, not assumed)."""
-    try:
-        info = read_sif(sif)
-        labels = sif_labels(info)
-    except SifError:
+def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[dict]:
+    """{sif, size} when SIF is the file this machine's build of HASH_ wrote (one stat), or, given RESOLVED
+    (its plan) and PYTHON, its content was checked to be that env; None otherwise."""
+    from envport.build.apptainer import sif_content, sif_record
+
+    if sif_record.unchanged(str(sif), hash_):
+        return {"sif": str(sif), "size": os.stat(sif).st_size, "checked": "build record"}
+    if resolved is None or not sif.is_file():
         return None
-    if labels.get("envport.hash") != hash_:
-        return None
-    return {"sif": str(sif), "size": info.file_size}
+    ok, why = sif_content.content_matches(str(sif), hash_, resolved.plan, python)
+    if not ok:
+        return {"sif": str(sif), "rejected": why}
+    _record(sif, hash_)
+    return {"sif": str(sif), "size": os.stat(sif).st_size, "checked": "content"}
+
+
+def _record(sif: Path, hash_: str) -> None:
+    """This machine now vouches for SIF: its stat, partition sha256 and layout in the state dir."""
+    from envport.build.apptainer import sif_content, sif_record
+    from envport.engines.sif import primary_partition
+
+    info = read_sif(sif)
+    part = primary_partition(info)
+    sif_record.write(str(sif), hash_, sif_content.partition_sha256(str(sif), part.offset, part.size),
+                     sif_content.layout(info))
 
 
 def _size(n: int) -> str:
@@ -90,15 +110,25 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, from
     step = f"sif {sif.name}"
     t0 = time.monotonic()
     if not rebuild:
-        hit = present(sif, resolved.hash)
-        if hit is not None:
+        hit = present(sif, resolved.hash, resolved, loaded.spec.python)
+        if hit is not None and "rejected" not in hit:
+            data = {"sif": hit["sif"], "size": hit["size"], "route": "present", "checked": hit["checked"]}
             return [StepResult(step, Verdict.PRESENT, f"{sif} ({_size(hit['size'])})",
-                               seconds=time.monotonic() - t0, data={**hit, "route": "present"})]
+                               seconds=time.monotonic() - t0, data=data)]
         if sif.exists():
-            progress(f"envport: [apptainer] {sif} exists but its labels do not carry envport.hash="
-                     f"{resolved.hash[:12]}...; rebuilding")
+            from envport.core.untrusted import shown
+
+            why = hit["rejected"] if hit else "this machine's build did not write it"
+            progress(f"envport: [apptainer] {sif} exists but is not taken as envport.hash={resolved.hash[:12]}"
+                     f"...: {shown(why)}; rebuilding")  # WHY may quote the file: escaped
     if binary.apptainer_binary() and os.environ.get("ENVPORT_SIF_BUILDER") != "envport":
-        return binary.build(loaded, site, root, sif, from_docker=from_docker, progress=progress)
+        results = binary.build(loaded, site, root, sif, from_docker=from_docker, progress=progress)
+        if results and results[-1].verdict is Verdict.OK and sif.is_file():
+            try:
+                _record(sif, resolved.hash)
+            except SifError as exc:  # apptainer wrote it; without a record the next build checks its content
+                progress(f"envport: [apptainer] {sif} not recorded: {exc.message}")
+        return results
     return SifBuild(loaded, site, root, resolved, sif, progress).run(from_docker)
 
 
@@ -339,6 +369,10 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"the finished image's labels carry envport.hash="
                               f"{finished.labels.get('envport.hash')!r}, not {hash_[:12]}...; no SIF was written")
         metadata = inspect_metadata_for_root(rootfs)
+        cleared, removed = _defang(rootfs)
+        if cleared or removed:
+            self.say(f"cleared the set-id bits of {cleared} files and removed {removed} device nodes "
+                     "(apptainer and ch-run never honour them; a mount without nosuid would)")
         squashfs = work / "rootfs.sqfs"
         comp = self.site.apptainer.compression
         self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)})")
@@ -352,21 +386,48 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {proc.returncode}; no SIF was written",
                               lines=tail(proc.stdout + proc.stderr))
         t = time.monotonic()
+        from envport.build.apptainer import sif_content, sif_record
+
+        sqfs_size = squashfs.stat().st_size
+        digest = sif_content.partition_sha256(str(squashfs), 0, sqfs_size)
         info = write_sif(self.sif, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
                          squashfs_path=squashfs, created=self.created,
                          uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
-                         arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base)),))
+                         arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),))
+        sif_record.write(str(self.sif), hash_, digest, sif_content.layout(info))
         self.timings["assemble"] = time.monotonic() - t
         return StepResult(self.step, Verdict.OK, f"{self.sif} ({_size(info.file_size)}, squashfs {comp})",
                           data={"sif": str(self.sif), "size": info.file_size, "route": "envport",
-                                "compression": comp, "base": base.source,
+                                "compression": comp, "base": base.source, "partition_sha256": digest,
+                                "setid_cleared": cleared, "devices_removed": removed,
                                 "ignored_labels": list(finished.ignored_labels)})
 
-    def _spec_json(self, base: boot.Base) -> bytes:
+    def _spec_json(self, base: boot.Base, digest: str, size: int) -> bytes:
+        # The partition's sha256 lets `inspect` tell a damaged copy from its build (a forger can rewrite it
+        # too: only a signature says who built it).
         doc = {"envport_version": __version__, "name": self.loaded.spec.name, "hash": self.resolved.hash,
-               "site": self.site.name, "base": base.source,
+               "site": self.site.name, "base": base.source, "partition": {"sha256": digest, "size": size},
                "spec": self.loaded.spec.model_dump(mode="json")}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _defang(rootfs: Path) -> tuple[int, int]:
+    """Clear every set-id bit of a non-directory and remove every device node under ROOTFS (never following
+    a link): (files cleared, nodes removed).  A set-gid directory only passes its group on: left alone."""
+    import stat as st_mod
+
+    cleared = removed = 0
+    for top, _dirs, files in os.walk(rootfs):  # a link to a directory is in _dirs: never followed, no bits
+        for name in files:
+            path = os.path.join(top, name)
+            mode = os.lstat(path).st_mode
+            if st_mod.S_ISCHR(mode) or st_mod.S_ISBLK(mode):
+                os.unlink(path)
+                removed += 1
+            elif st_mod.S_ISREG(mode) and mode & (st_mod.S_ISUID | st_mod.S_ISGID):
+                os.chmod(path, st_mod.S_IMODE(mode) & ~(st_mod.S_ISUID | st_mod.S_ISGID))
+                cleared += 1
+    return cleared, removed
 
 
 def _not_envport(labels: dict) -> dict:

@@ -1,74 +1,182 @@
-"""What a SIF holds and whether it still matches its spec, read without apptainer.
+"""What a SIF holds and whether its content is the env its spec describes, read without apptainer.
 
-For an admin who pulled a `.sif` and has neither apptainer nor the build host:
-the header and descriptors, the def file, `inspect-metadata.json` (labels,
-environment, runscript: what `apptainer inspect` would print), the squashfs
-superblock of the primary partition, and, for a SIF envport built, the
-resolved spec it embedded (`envport-spec.json`), so a spec that moved on is
-named field by field, not guessed.
+For an admin who pulled a `.sif` and has neither apptainer nor the build host.  The descriptor objects
+(the def file, `inspect-metadata.json`, envport's `envport-spec.json`) are read and shown as what they
+are: claims anyone could have written.  The verdict comes from the partition itself (sif_content.py):
+its own `/.singularity.d` labels and environment, its python and distributions against the spec and
+lock, its risky entries, and its bytes against what its build recorded.
 
-Verdicts (one StepResult): OK (a SIF whose hash is what specs/NAME.yaml
-resolves to now); REFUSED `stale` (it is not: the changed fields are listed),
-`not_envport` (no envport.hash label: nothing to compare), `foreign_arch`
-(this machine cannot run it); FAILED with the SifError reason for a file that
-is not a usable SIF (truncated, not_a_sif, corrupt_*, no_primary_partition,
-bad_squashfs, ...).
+The report is a list of checks (`Check`), each one section of the verdict: `layout` (nothing outside the
+SIF's objects, the superblock inside its descriptor), `integrity` (the partition's sha256), `labels`
+(the partition's against the descriptor's), `content` (python and distributions: sif_inspect.compare),
+`risks`.  Another kind of evidence (a signature) is one more Check.  The first check that is not OK,
+FAILED before REFUSED, decides the one StepResult:
+OK (every check holds and the content is the env specs/NAME.yaml resolves to now); FAILED with the
+SifError reason for a file that is not a usable SIF (truncated, not_a_sif, corrupt_*, trailing_bytes,
+bytes_used_mismatch, corrupt, ...); REFUSED `stale` (the spec moved on: the fields are listed),
+`content_mismatch`, `labels_disagree`, `risks`, `not_envport` (no envport.hash label), `foreign_arch`.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from envport.build.apptainer import sif_content
 from envport.build.apptainer.builder import SPEC_OBJECT
 from envport.core.verdict import StepResult, Verdict
-from envport.engines.sif import (DATA_DEFFILE, SifError, primary_partition, read_json_object,
-                                 read_object, read_sif, read_squashfs_superblock)
+from envport.engines.sif import (DATA_DEFFILE, SifError, json_member, primary_partition, read_json_object,
+                                 read_object, read_sif, read_squashfs_superblock, sif_labels)
 
-# Reasons of a SIF that is readable but cannot run here: REFUSED, not FAILED.
-REFUSED_REASONS = ("foreign_arch",)
+# Reasons of a SIF that is readable but cannot run here, or cannot be judged here: REFUSED, not FAILED.
+REFUSED_REASONS = ("foreign_arch", "missing_tool")
+METADATA = "inspect-metadata.json"
+SITE_NAME = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+
+
+@dataclass
+class Check:
+    """One section of the verdict: what was checked, from where, and what it found."""
+
+    name: str
+    verdict: Verdict
+    detail: str
+    reason: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "verdict": self.verdict.value, "detail": self.detail, "reason": self.reason,
+                "lines": self.lines}
 
 
 @dataclass
 class SifReport:
     path: str
     facts: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
 
     def add(self, key: str, value: Any) -> None:
         self.facts[key] = value
 
+    def check(self, name: str, verdict: Verdict, detail: str, reason: str = "", lines=()) -> None:
+        self.checks.append(Check(name, verdict, detail, reason, list(lines)))
+
+    @property
+    def claimed(self) -> dict:
+        """The labels the image itself holds (its /.singularity.d), else the descriptor's."""
+        content = self.facts.get("content") or {}
+        return content.get("labels") if content.get("labels") is not None else (self.facts.get("labels") or {})
+
+
+def utc(seconds: Any) -> str:
+    """A header time as ISO 8601; a value no calendar holds (crafted: 2**62, -2**62) as itself."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"{seconds} (not a date)"
+
 
 def read_report(path: Path) -> tuple[SifReport, Optional[SifError]]:
-    """Everything readable from PATH; the first SifError that stopped the reading, if any."""
+    """Everything readable from PATH, the partition's content and its checks; the first SifError that
+    stopped the reading, if any."""
     report = SifReport(str(path))
     try:
         info = read_sif(path)
     except SifError as exc:
         return report, exc
     report.add("header", {"size": info.file_size, "version": info.version, "arch": info.arch, "uuid": info.uuid,
-                          "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(info.created)),
-                          "launch_script": info.launch_script})
+                          "created": utc(info.created), "launch_script": info.launch_script})
     report.add("objects", [_descriptor(d) for d in info.descriptors])
     try:
         deffile = info.find(datatype=DATA_DEFFILE)
         if deffile is not None:
             report.add("deffile", read_object(info, deffile).decode("utf-8", "replace"))
-        meta = read_json_object(info, "inspect-metadata.json")
-        attrs = ((meta or {}).get("data") or {}).get("attributes") or {}
-        report.add("labels", dict(attrs.get("labels") or {}))
-        report.add("environment", dict(attrs.get("environment") or {}))
-        report.add("runscript", attrs.get("runscript", ""))
-        report.add("embedded", read_json_object(info, SPEC_OBJECT))
+        meta = read_json_object(info, METADATA)
+        report.add("labels", sif_labels(info))
+        env = json_member(info, METADATA, meta, "data", "attributes", "environment")
+        report.add("environment", {str(k): str(v) for k, v in env.items()})
+        report.add("runscript", str(json_member(info, METADATA, meta, "data", "attributes", "runscript", kind=str)))
+        embedded = read_json_object(info, SPEC_OBJECT)
+        report.add("embedded", embedded)
         part = primary_partition(info, arch=info.arch if info.arch != "unknown" else None)
         sb = read_squashfs_superblock(path, part.offset)
         report.add("squashfs", {"offset": part.offset, "bytes": sb.bytes_used, "compression": sb.compression,
                                 "inodes": sb.inodes, "block_size": sb.block_size, "version": sb.version})
+        sif_content.check_extent(info, part, sb.bytes_used)
+        report.check("layout", Verdict.OK, f"{len(info.descriptors)} objects end where the file ends; "
+                     f"squashfs {sb.bytes_used} bytes in a {part.size}-byte partition")
+        _integrity(report, info, part, embedded)
         primary_partition(info)  # this machine's arch: raises foreign_arch
+        _content(report, str(path), part.offset)
     except SifError as exc:
         return report, exc
     return report, None
+
+
+def _integrity(report: SifReport, info, part, embedded) -> None:
+    digest, bad, recorded = sif_content.integrity(info, part, embedded)
+    report.add("partition_sha256", digest)
+    if bad:
+        report.check("integrity", Verdict.FAILED, "corrupt: the partition is not what its build recorded",
+                     "corrupt", bad)
+    elif recorded:
+        report.check("integrity", Verdict.OK, f"partition sha256 {digest[:16]}... is what its build recorded "
+                     "(a record a forger can rewrite too: only a signature says who built it)")
+    else:
+        report.check("integrity", Verdict.SKIPPED, f"partition sha256 {digest[:16]}...; no build record to "
+                     "compare it with")
+
+
+def _content(report: SifReport, path: str, offset: int) -> None:
+    try:
+        content = sif_content.read_content(path, offset)
+    except SifError as exc:
+        if exc.reason != "missing_tool":
+            raise
+        report.check("content", Verdict.REFUSED, f"the image's own files were not read: {exc.message}",
+                     "missing_tool")
+        return
+    report.add("content", content.to_dict())
+    report.add("risks", content.risks)
+    described = report.facts.get("labels") or {}
+    if content.labels is not None and content.labels != described:
+        differ = sorted(k for k in set(content.labels) | set(described) if content.labels.get(k) != described.get(k))
+        report.check("labels", Verdict.REFUSED, f"{METADATA} and the image's /.singularity.d/labels.json "
+                     f"disagree on {', '.join(differ[:8])}" + (f" (+{len(differ) - 8} more)" if len(differ) > 8 else ""),
+                     "labels_disagree", [f"{k}: {described.get(k)!r} in {METADATA}, {content.labels.get(k)!r} "
+                                         "in the image" for k in differ[:20]])
+    if content.risk_count:
+        kinds = sorted({r["kind"] for r in content.risks})
+        report.check("risks", Verdict.REFUSED, f"{content.risk_count} risky entr"
+                     f"{'y' if content.risk_count == 1 else 'ies'} in the image ({', '.join(kinds)}): "
+                     "listed under risks", "risks")
+    else:
+        report.check("risks", Verdict.OK, f"no set-id files, device nodes, world-writable directories without "
+                     f"the sticky bit or symlinks leaving the image among {content.entries} entries")
+
+
+def verdict(report: SifReport, compared: Optional[StepResult] = None) -> StepResult:
+    """The one StepResult: the first FAILED check, else the first REFUSED one in the report's order (the spec
+    comparison, COMPARED, stands before `risks`), else COMPARED itself."""
+    step = f"inspect {Path(report.path).name}"
+    checks = list(report.checks)
+    if compared is not None:
+        at = next((i for i, c in enumerate(checks) if c.name == "risks"), len(checks))
+        checks.insert(at, Check("spec", compared.verdict, compared.detail, compared.reason, compared.lines))
+    shown = [c.to_dict() for c in checks]
+    extra = dict(compared.data) if compared is not None else {}
+    for bad in (Verdict.FAILED, Verdict.REFUSED):
+        for c in checks:
+            if c.verdict is bad:
+                return StepResult(step, c.verdict, c.detail, reason=c.reason, lines=c.lines,
+                                  data={**extra, "reason": c.reason, "checks": shown})
+    if compared is None:
+        return StepResult(step, Verdict.SKIPPED, "nothing to compare with", data={"checks": shown})
+    return StepResult(step, compared.verdict, compared.detail, reason=compared.reason, lines=compared.lines,
+                      data={**extra, "checks": shown})
 
 
 def _descriptor(d) -> dict:
@@ -98,18 +206,34 @@ def spec_diff(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [path or "(whole spec)"]
 
 
-def compare(report: SifReport, loaded, current_hash: str, renderer_version: str) -> StepResult:
-    """OK when the SIF's hash is CURRENT_HASH; REFUSED `stale` naming what moved otherwise."""
-    labels = report.facts.get("labels") or {}
-    built = labels.get("envport.hash", "")
+VENV_SEEDS = ("pip", "setuptools", "wheel")  # what `python -m venv` itself installs, never in a lock
+
+
+def compare(report: SifReport, loaded, current_hash: str, renderer_version: str, plan) -> StepResult:
+    """OK when the image's own labels carry CURRENT_HASH and its content (python, distributions) is what
+    PLAN (the spec and lock as they resolve now) installs; REFUSED `content_mismatch` or `stale` otherwise."""
+    labels = report.claimed
+    built = str(labels.get("envport.hash", ""))
     step = f"inspect {Path(report.path).name}"
     rel = _shown(loaded.path, loaded.root)
     data = {"sif_hash": built, "spec_hash": current_hash, "spec": rel}
+    claim = f"labels claim {labels.get('envport.name')}@{built[:12]}"
+    content = report.facts.get("content")
     if built == current_hash:
-        return StepResult(step, Verdict.OK, f"matches {rel} ({loaded.spec.name}@{built[:12]})", data=data)
+        if content is None:
+            return StepResult(step, Verdict.REFUSED, f"{claim}; the content was not read", reason="missing_tool",
+                              data=data)
+        problems, shows, extra = _judged(content, plan, loaded.spec.python)
+        data.update(content_problems=problems, extra_distributions=extra)
+        if problems:
+            return StepResult(step, Verdict.REFUSED, f"{claim}, but content: {shows}: not {rel}",
+                              reason="content_mismatch", lines=problems, data=data)
+        return StepResult(step, Verdict.OK, f"matches {rel} from the content ({loaded.spec.name}@{built[:12]}): "
+                          f"{shows}", data=data)
     embedded = report.facts.get("embedded") or {}
-    changed = spec_diff(embedded.get("spec"), loaded.spec.model_dump(mode="json")) if embedded.get("spec") else []
-    if not embedded.get("spec"):
+    old = embedded.get("spec") if isinstance(embedded, dict) else None
+    changed = spec_diff(old, loaded.spec.model_dump(mode="json")) if old else []
+    if not old:
         why = "no embedded spec (built by apptainer, not envport's builder): the fields cannot be named"
     elif changed:
         why = "changed: " + ", ".join(changed[:12]) + (f" (+{len(changed) - 12} more)" if len(changed) > 12 else "")
@@ -120,21 +244,41 @@ def compare(report: SifReport, loaded, current_hash: str, renderer_version: str)
         why = "spec fields unchanged; the hash moved with " + (", ".join(moved) or
                                                                 "shim file bytes, the lock or the site profile")
     data["changed"] = changed
-    return StepResult(step, Verdict.REFUSED, f"built from {loaded.spec.name}@{built[:12]}, {rel} is "
-                      f"{loaded.spec.name}@{current_hash[:12]} now; {why}", reason="stale",
-                      lines=[f"fix: envport build {loaded.spec.name} --target apptainer"], data=data)
+    return StepResult(step, Verdict.REFUSED, f"{claim}, {rel} is {loaded.spec.name}@{current_hash[:12]} now; {why}",
+                      reason="stale", lines=[f"fix: envport build {loaded.spec.name} --target apptainer"], data=data)
+
+
+def _judged(content: dict, plan, python: str) -> tuple[list[str], str, list[str]]:
+    """(what differs, what the content shows, distributions the lock does not name)."""
+    facts = sif_content.Content(labels=content.get("labels"), python=content.get("python"),
+                                distributions=content.get("distributions") or {})
+    problems, shows = sif_content.judge(facts, plan, python)
+    want = sif_content.expected_distributions(plan)
+    locked = any(getattr(s, "locked", ()) for s in plan.steps)
+    extra = sorted(f"{n} {v}" for n, v in facts.distributions.items() if n not in want and n not in VENV_SEEDS)
+    if locked and extra:
+        problems.append(f"not in the lock: {', '.join(extra[:12])}" + (f" (+{len(extra) - 12})" if len(extra) > 12 else ""))
+    return problems, shows, extra
 
 
 def failure(report: SifReport, exc: SifError) -> StepResult:
     step = f"inspect {Path(report.path).name}"
     verdict = Verdict.REFUSED if exc.reason in REFUSED_REASONS else Verdict.FAILED
-    return StepResult(step, verdict, exc.message, reason=exc.reason, data={"reason": exc.reason})
+    return StepResult(step, verdict, exc.message, reason=exc.reason,
+                      data={"reason": exc.reason, "checks": [c.to_dict() for c in report.checks]})
 
 
 def not_envport(report: SifReport) -> StepResult:
     return StepResult(f"inspect {Path(report.path).name}", Verdict.REFUSED,
                       "no envport.hash label: this SIF was not built by envport, so no spec can be compared "
                       "(its contents are listed above)", reason="not_envport")
+
+
+def embedded_site(report: SifReport) -> Optional[str]:
+    """The site name the embedded spec object claims, when it is one a site file could have."""
+    embedded = report.facts.get("embedded")
+    site = embedded.get("site") if isinstance(embedded, dict) else None
+    return site if isinstance(site, str) and SITE_NAME.match(site) else None
 
 
 def _shown(path: Path, root: Path) -> str:
