@@ -135,15 +135,30 @@ def test_upstream_dsse_tampered_is_a_bad_signature(tmp_path, tamper, expect):
     assert expect in problems
 
 
+def test_public_key_forms_apptainer_reads(tmp_path):
+    """PKIX `PUBLIC KEY` and PKCS#1 `RSA PUBLIC KEY` both load; of a file with two keys only the first counts."""
+    path = upstream(tmp_path, "one-group-signed-dsse.sif")
+    rsa_pub = serialization.load_pem_public_key((TESTDATA / "keys" / "rsa-public.pem").read_bytes())
+    pkcs1 = tmp_path / "rsa-pkcs1.pem"
+    pkcs1.write_bytes(rsa_pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.PKCS1))
+    assert pkcs1.read_bytes().startswith(b"-----BEGIN RSA PUBLIC KEY-----")
+    assert check_signatures(path, [load_public_key(pkcs1)]).ok
+    two = tmp_path / "two.pem"
+    two.write_bytes((TESTDATA / "keys" / "ecdsa-public.pem").read_bytes() + pkcs1.read_bytes())
+    assert load_public_key(two).keyid == upstream_key("ecdsa-public.pem").keyid
+    assert check_signatures(path, [load_public_key(two)]).verdict == "untrusted_signer"
+
+
 def covered_bytes(path: Path) -> list[range]:
     """The byte ranges SIF-TRUST.md says a group signature covers: the header's launch script, magic, version
-    and uuid; each grouped descriptor's type, used, link, size, ctime, uid, gid, name and extra; each object."""
+    and uuid; each grouped descriptor's type, link, size, ctime, uid, gid, name and extra; each object. (The
+    `used` byte is a boolean to sif as here: 0x01 and 0x03 both mean used, so its other bits change nothing.)"""
     ranges = [range(0, 45), range(48, 64)]
     for d in read_raw(path).descriptors:
         if d.datatype == 0x4005:
             continue
         base = DESCRIPTORS_OFFSET + d.slot * DESCRIPTOR.size
-        ranges += [range(base + a, base + b) for a, b in ((0, 5), (13, 17), (25, 33), (41, 49), (57, 585))]
+        ranges += [range(base + a, base + b) for a, b in ((0, 4), (13, 17), (25, 33), (41, 49), (57, 585))]
         ranges.append(range(d.offset, d.end))
     return ranges
 

@@ -89,33 +89,25 @@ def _read(path: str | Path) -> bytes:
         raise KeyFileError("bad_key", f"{path}: cannot read the key file ({exc.strerror})") from None
 
 
-def _first_pem_block(data: bytes) -> bytes:
-    """Only the first PEM block counts, as apptainer reads it (a file holding two keys is not two keys)."""
-    start = data.find(b"-----BEGIN ")
-    end = data.find(b"-----END ", start)
-    stop = data.find(b"-----", end + 9) if end >= 0 else -1
-    return data[start:stop + 5] + b"\n" if start >= 0 and stop >= 0 else data
-
-
 def load_public_key(path: str | Path) -> PublicKey:
-    """A PEM `PUBLIC KEY` (PKIX) or `RSA PUBLIC KEY` file; a private key's public half also serves."""
-    block = _first_pem_block(_read(path))
+    """A PEM `PUBLIC KEY` (PKIX) or `RSA PUBLIC KEY` file; a private key's public half also serves. Of a file
+    holding several PEM blocks only the first counts, as apptainer reads it (cryptography does the same)."""
+    data = _read(path)
     try:
-        if b"PRIVATE KEY" in block.split(b"\n", 1)[0]:
-            key = serialization.load_pem_private_key(block, password=None).public_key()
-        else:
-            key = serialization.load_pem_public_key(block)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise KeyFileError("bad_key", f"{path}: not a PEM public key ({exc}); expected {KEY_HELP}") from None
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        try:
+            key = serialization.load_pem_private_key(data, password=None).public_key()
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            raise KeyFileError("bad_key", f"{path}: not a PEM public key ({exc}); expected {KEY_HELP}") from None
     _check_type(str(path), key)
     return PublicKey(str(path), key, keyid(key))
 
 
 def load_private_key(path: str | Path) -> PrivateKey:
     """A PEM private key without a passphrase (PKCS#8, or the traditional RSA/EC forms)."""
-    block = _first_pem_block(_read(path))
     try:
-        key = serialization.load_pem_private_key(block, password=None)
+        key = serialization.load_pem_private_key(_read(path), password=None)
     except TypeError:
         raise KeyFileError("bad_key", f"{path}: the key has a passphrase; envport signs with an unencrypted key "
                                    "(`openssl pkey -in KEY -out plain.pem`, kept mode 0600)") from None
