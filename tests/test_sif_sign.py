@@ -435,7 +435,8 @@ def test_envport_pgp_signs_and_prints_the_ecl_execgroup(tiny_copy, tmp_path, gnu
     assert (report.signatures[0].form, report.signatures[0].signers) == ("pgp", (fpr,))
     ecl = run_envport("sign", str(tiny_copy), "--ecl", root=sif_project, env=env, timeout=60)
     assert ecl.returncode == 0, fail_with(ecl, "envport sign --ecl")
-    assert ecl.stdout == (f'[[execgroup]]\n  tagname = "{tiny_copy.stem}"\n  mode = "whitelist"\n'
+    assert ecl.stdout == ("# for apptainer's ecl.toml (with activated = true): SIFs anywhere signed by one of "
+                          f'these PGP keys\n[[execgroup]]\n  tagname = "{tiny_copy.stem}"\n  mode = "whitelist"\n'
                           f'  dirpath = ""\n  keyfp = ["{fpr}"]\n')
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ECL_TEMPLATE = """[[execgroup]]
+# apptainer's syecl: dirpath "" is the group for SIFs in any directory (one per file), keyfp 40-hex fingerprints.
+ECL_TEMPLATE = """# for apptainer's ecl.toml (with activated = true): SIFs anywhere signed by one of these PGP keys
+[[execgroup]]
   tagname = "{tag}"
   mode = "whitelist"
   dirpath = ""
