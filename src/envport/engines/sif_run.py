@@ -56,7 +56,8 @@ EXEC_ACTION = "/.singularity.d/actions/exec"
 MOUNT_PREFIX = "envport-sif-"
 # Every mount of an image: read-only, its setuid bits and device nodes inert (apptainer's own options).
 MOUNT_OPTIONS = "ro,nosuid,nodev"
-# The mount point's name inside its private 0700 directory (the directory keeps other users out).
+# The mount point's name inside its private 0700 directory (the directory keeps other users out); the shell
+# texts that make and sweep such mounts (SWEEP_FN, launchers/sif.py TASK) spell it too.
 ROOTFS = "rootfs"
 # What apptainer --cleanenv keeps from the host.
 KEEP_ENV = ("TERM", "LANG")
