@@ -21,6 +21,27 @@ os.environ.setdefault("ENVPORT_STATE_DIR", tempfile.mkdtemp(prefix="envport-test
 # fetched once per session by the spec's own source command (the `demo_weights` fixture).
 os.environ.setdefault("ENVPORT_WEIGHTS_DIR", tempfile.mkdtemp(prefix="envport-test-weights-"))
 
+
+
+def pytest_addoption(parser):
+    parser.addoption("--deep", action="store_true", default=False,
+                     help="property tests draw their deep example counts, not CI's (tests/README.md 'Time budget')")
+
+
+def pytest_configure(config):
+    # In the environment, not only on `config`: xdist workers and `envport` subprocesses inherit it.
+    from .support import DEEP_ENV
+
+    if config.getoption("--deep"):
+        os.environ[DEEP_ENV] = "1"
+
+
+def pytest_report_header(config):
+    from .support import deep
+
+    return f"property tests: {'--deep' if deep() else 'CI'} example counts (tests/README.md 'Time budget')"
+
+
 # marker -> the session fixture through which every test reaches that service
 # (demo_image, base_image, throwaway_images use docker_client; ssh_venv uses ssh_host).
 SERVICE_FIXTURES = {"docker": "docker_client", "slurm": "slurm", "ssh": "ssh_host"}

@@ -9,6 +9,7 @@
 - ``write_spec`` / ``write_site``: small specs (six only, no torch: they build in seconds) and site profiles.
 - ``torch_python``: an interpreter with the pinned CPU torch (from TORCH_WHEELS), for the witness tests.
 - ``missing``: skip with the reason locally, fail in CI (``required_in_ci``).
+- ``examples``: a property test's number of examples, CI's count or (``--deep``) the deep count.
 """
 
 from __future__ import annotations
@@ -150,6 +151,27 @@ class BuiltVenv:
     @property
     def python(self) -> str:
         return f"{self.prefix}/bin/python"
+
+
+# --- how many examples a property test draws (issue 25) ----------------------------------
+#
+# A property test's number of examples is a choice, made here in the open: CI's count keeps the suite
+# inside its time budget (tests/README.md "Time budget"), `--deep` (tests/conftest.py, which sets
+# ENVPORT_TEST_DEEP=1 so subprocesses see it too) draws the deep count, for a change to the code under
+# test or a nightly run. A test's own variable (ENVPORT_FUZZ_EXAMPLES, ...) overrides both.
+
+DEEP_ENV = "ENVPORT_TEST_DEEP"
+
+
+def deep() -> bool:
+    return os.environ.get(DEEP_ENV) == "1"
+
+
+def examples(ci: int, deep_count: int, override: str | None = None) -> int:
+    """The number of examples: OVERRIDE's value if that variable is set, else DEEP_COUNT under --deep, else CI."""
+    if override and os.environ.get(override):
+        return int(os.environ[override])
+    return deep_count if deep() else ci
 
 
 # --- what CI requires ------------------------------------------------------------------

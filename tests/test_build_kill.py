@@ -1,4 +1,4 @@
-"""SIGKILL at random points of 20 venv builds: every next build ends in an env equal to a fresh build.
+"""SIGKILL at random points of venv builds: every next build ends in an env equal to a fresh build.
 
 Each round starts `envport build` (the real CLI, the real setup script, real pip installs of small
 local wheels) and kills it with SIGKILL after a random progress line plus a random jitter, so the
@@ -7,7 +7,7 @@ envport alone (the build then stops through its stdin lifeline and cleans up); t
 every process of the build at once, so no trap runs and the half-made build dir, the lock file and
 maybe a half-done swap are left as a power cut would leave them.  The next build must repair that and
 end in an env whose `pip freeze --all` and env block equal a build of the same spec from nothing.
-The seed is printed; ENVPORT_KILL_SEED replays a run.
+The seed is printed; ENVPORT_KILL_SEED replays a run; rounds() says how many rounds (CI 8, --deep 30).
 """
 
 from __future__ import annotations
@@ -22,11 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from .support import REPO
+from .support import REPO, examples
 from .tinywheels import ShellProject, env_vars, freeze, make_wheelhouse, spec_data
 
 NAME = "killed"
-ROUNDS = 20
+
+
+def rounds() -> int:
+    """Kill rounds per run (tests/README.md "Time budget"): each is a killed build and a full one, ~13 s.
+    CI 8 (was 20: 293 s), 4 of each kill kind; --deep 30; ENVPORT_KILL_ROUNDS overrides."""
+    return examples(8, 30, "ENVPORT_KILL_ROUNDS")
+
 SPECS = (
     spec_data(NAME, [["alpha==1.0"], ["gamma==1.0"]], env={"KILL_SPEC": "a"}),
     spec_data(NAME, [["alpha==2.0", "epsilon==1.0"]], env={"KILL_SPEC": "b"}),
@@ -99,7 +105,8 @@ def wheels(tmp_path_factory) -> Path:
 def test_sigkill_at_random_points_then_the_next_build_is_a_fresh_build(tmp_path, wheels):
     seed = int(os.environ.get("ENVPORT_KILL_SEED", random.SystemRandom().randrange(1 << 30)))
     rng = random.Random(seed)
-    print(f"\nENVPORT_KILL_SEED={seed}")
+    n_rounds = rounds()
+    print(f"\nENVPORT_KILL_SEED={seed} ENVPORT_KILL_ROUNDS={n_rounds}")
     proj = ShellProject.make(tmp_path / "project", wheels)
     shutil.copytree(REPO / "sites", proj.root / "sites")
     fresh, lines = {}, {}
@@ -112,7 +119,7 @@ def test_sigkill_at_random_points_then_the_next_build_is_a_fresh_build(tmp_path,
         fresh[i] = state(other)
 
     where, current, landed = [], None, 0
-    for round_ in range(ROUNDS):
+    for round_ in range(n_rounds):
         # Another spec than the env's: the killed run is a real build, never a `present`.
         killed = rng.choice([i for i in range(len(SPECS)) if i != current])
         proj.write(SPECS[killed])
@@ -146,4 +153,4 @@ def test_sigkill_at_random_points_then_the_next_build_is_a_fresh_build(tmp_path,
         builds = proj.envs_dir / f".{NAME}.builds"
         assert len([p for p in builds.iterdir() if not p.name.startswith(".")]) == 1, list(builds.iterdir())
     print("\n".join(f"  round {i}: SIGKILL {w}" for i, w in enumerate(where)))
-    assert landed >= ROUNDS * 3 // 4, f"only {landed} of {ROUNDS} kills hit a running build (seed {seed})"
+    assert landed >= n_rounds * 3 // 4, f"only {landed} of {n_rounds} kills hit a running build (seed {seed})"
