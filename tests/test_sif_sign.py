@@ -458,9 +458,10 @@ def test_bad_key_files_are_usage_errors_naming_the_file(tiny_copy, tmp_path, sif
     assert proc.returncode == 2 and "nope.pem: cannot read the key file" in proc.stderr, fail_with(proc, "no key")
 
 
-def test_build_sign_signs_the_sif_last(base_image, tmp_path):
+def test_build_sign_signs_the_sif_last_and_a_second_build_is_present(base_image, tmp_path):
     """`envport build NAME --target apptainer --sign KEY.pem`, in a project of its own (the session's tiny SIF
-    is shared by other tests and must stay unsigned)."""
+    is shared by other tests and must stay unsigned). The second build takes the signed SIF as present (the
+    builder checks its content: the signature changed the file it recorded) and the signature as present."""
     require_sif_tools()
     root = copy_project(tmp_path / "project")
     write_spec(root, "tiny-signed")
@@ -477,5 +478,10 @@ def test_build_sign_signs_the_sif_last(base_image, tmp_path):
     assert report.ok, report.problems
     # every object the build wrote is covered: the signature came last
     assert report.signatures[0].objects == tuple(d.id for d in read_raw(sif).descriptors if d.datatype != 0x4005)
+    signed = sif.read_bytes()
+    again = run_envport(*args, root=root, env=sif_env(), timeout=SIF_TIMEOUT)
+    assert again.returncode == 0, fail_with(again, "second build --sign")
+    assert [s["verdict"] for s in as_json(again)["steps"][-2:]] == ["present", "present"], again.stdout
+    assert sif.read_bytes() == signed
     refused = run_envport("build", "tiny-signed", "--target", "docker", "--sign", str(priv), root=root, timeout=60)
     assert refused.returncode == 2 and "--sign is for --target apptainer" in refused.stderr, refused.stderr
