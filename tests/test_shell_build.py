@@ -374,8 +374,9 @@ def test_a_full_disk_mid_build_leaves_the_old_env_and_the_next_build_repairs(tmp
     hold one env (~26 MB) but not two side by side."""
     envs = tmp_path / "small"
     envs.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(envs)], capture_output=True,
-                             text=True)
+    # mode=0700: a tmpfs root is 1777 by default, and a build refuses an envs dir others can write.
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m,mode=0700", "tmpfs", str(envs)],
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     try:

@@ -12,8 +12,9 @@ The rules (seed 002, each answering a failure that happened):
   truncated transfer and a corrupt file look alike, and removing one to retry
   destroys the evidence that says which it was. A file off its pin is named
   with both digests and left in place;
-- a gated weight's token (`auth_hint`) is read from the environment at fetch
-  time, passed to the command and scrubbed from everything envport keeps.
+- a weight's token (`auth_hint`, gated or not) is read from the environment at
+  fetch time, passed to the command and scrubbed from everything envport
+  prints or keeps (core/secrets).
 
 Layout on a host: `<weights root>/<env name>/<weight name>/<file>`, the root
 being `--root`, else $ENVPORT_WEIGHTS_DIR, else ~/.envport/weights. Docker and
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from envport.core import secrets
 from envport.core.progress import Progress, quiet
 from envport.core.verdict import StepResult, Verdict
 from envport.spec.loader import Loaded
@@ -75,19 +78,16 @@ def remote_env(spec: Spec) -> dict[str, str]:
 
 
 def secrets_of(spec: Spec, environ: Mapping[str, str]) -> list[str]:
-    """The values of gated weights' tokens in `environ`: never to be printed or recorded."""
-    return [environ[w.auth_hint] for w in spec.weight_dirs.values()
-            if w.gated and w.auth_hint and environ.get(w.auth_hint)]
+    """What this spec configures as secret: every weight's `auth_hint` token in `environ` (gated or not:
+    the token is the same secret either way) and the password of any pip URL its phases name."""
+    tokens = [environ.get(w.auth_hint) for w in spec.weight_dirs.values() if w.auth_hint]
+    urls = [u for ph in spec.pip_phases for u in (ph.index_url, *ph.extra_index_urls)]
+    return [v for v in tokens + [secrets.url_password(u) for u in urls] if v]
 
 
-def scrub(lines: list[str], secrets: list[str]) -> list[str]:
-    out = []
-    for ln in lines:
-        for s in secrets:
-            if s:
-                ln = ln.replace(s, "***")
-        out.append(ln)
-    return out
+def guard_secrets(spec: Spec, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Register the spec's secrets: from now on nothing envport prints or records carries them."""
+    secrets.register(secrets_of(spec, os.environ if environ is None else environ))
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class FileState:
     weight: str
     path: Path
     ok: bool
-    problem: str = ""  # missing | size | digest | unpinned
+    problem: str = ""  # missing | size | digest | unpinned | link (to outside the weight dir)
     message: str = ""
 
 
@@ -117,9 +117,17 @@ def sha256_file(path: Path, progress: Progress = quiet, label: str = "") -> str:
 def check_weight(spec: Spec, name: str, w: WeightDir, root: Path, progress: Progress = quiet) -> list[FileState]:
     """Every declared file of one weight dir, deep (size, then every byte's sha256)."""
     base = host_dir(root, spec.name, name)
+    real_base = os.path.realpath(base)
     states = []
     for f in w.files:
         path = base / f.path
+        real = os.path.realpath(path)
+        if os.path.lexists(path) and os.path.commonpath([real_base, real]) != real_base:
+            # Only the weight dir is mounted: the container would not see the file the link names,
+            # and whoever owns that place could change it after this check.
+            states.append(FileState(name, path, False, "link", f"{path} is a symlink to {real}, outside "
+                                    f"{base}; the env sees only that folder: copy the file in place of the link"))
+            continue
         if not path.is_file():
             states.append(FileState(name, path, False, "missing", f"{path} is absent"))
             continue
@@ -152,12 +160,32 @@ def verify(loaded: Loaded, root: Path, progress: Progress = quiet) -> StepResult
     states = [s for n, w in sorted(spec.weight_dirs.items()) for s in check_weight(spec, n, w, root, progress)]
     bad = [s for s in states if not s.ok]
     data = {"weights_root": str(root), "files": len(states)}
+    warnings = writable_by_others(root, spec)
     if not bad:
         total = sum(f.size or 0 for w in spec.weight_dirs.values() for f in w.files)
         return StepResult(step, Verdict.PRESENT, f"{len(states)}/{len(states)} files at their pins under "
                           f"{host_dir(root, spec.name, '')} ({_human(total)})", seconds=time.monotonic() - start,
-                          data=data)
-    return _off_pin(step, bad, len(states), root, spec, start, data)
+                          data=data, lines=warnings)
+    result = _off_pin(step, bad, len(states), root, spec, start, data)
+    result.lines = warnings + result.lines
+    return result
+
+
+def writable_by_others(root: Path, spec: Spec) -> list[str]:
+    """A warning per folder on the way to the weights that another user could write: what was verified
+    here could be swapped before the env reads it (a check is only as good as who can change its subject)."""
+    out = []
+    dirs = [Path(root), host_dir(root, spec.name, "")] + [host_dir(root, spec.name, n) for n in sorted(spec.weight_dirs)]
+    for d in dirs:
+        try:
+            mode = os.stat(d).st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            who = "others" if mode & stat.S_IWOTH else "its group"
+            out.append(f"warning: {d} is writable by {who} ({stat.filemode(mode)}): a verified file "
+                       f"could be replaced before the env reads it; fix: chmod go-w {d}")
+    return out
 
 
 def _off_pin(step, bad, total, root, spec, start, data) -> StepResult:
@@ -184,7 +212,7 @@ def fetch(loaded: Loaded, root: Path, *, interpreter_bin: Optional[Path] = None,
     if first.verdict.ok or first.reason != "weights_missing":
         # A file that is there but off its pin is evidence: fetching over it would destroy it.
         return first
-    secrets = secrets_of(spec, environ)
+    guard_secrets(spec, environ)
     lines: list[str] = []
     for name, w in sorted(spec.weight_dirs.items()):
         states = check_weight(spec, name, w, root)
@@ -203,7 +231,7 @@ def fetch(loaded: Loaded, root: Path, *, interpreter_bin: Optional[Path] = None,
                               lines=[f"fix: export {w.auth_hint}=<your token> in this shell and re-run; envport "
                                      "passes it to the source command and writes it nowhere"],
                               seconds=time.monotonic() - start)
-        result = _run_source(loaded, name, w, root, interpreter_bin, environ, progress, secrets)
+        result = _run_source(loaded, name, w, root, interpreter_bin, environ, progress)
         if result is not None:
             result.seconds = time.monotonic() - start
             return result
@@ -218,7 +246,7 @@ def fetch(loaded: Loaded, root: Path, *, interpreter_bin: Optional[Path] = None,
 
 
 def _run_source(loaded: Loaded, name: str, w: WeightDir, root: Path, interpreter_bin: Optional[Path],
-                environ: dict, progress: Progress, secrets: list[str]) -> Optional[StepResult]:
+                environ: dict, progress: Progress) -> Optional[StepResult]:
     target = host_dir(root, loaded.spec.name, name)
     target.mkdir(parents=True, exist_ok=True)
     env = dict(environ)
@@ -236,7 +264,7 @@ def _run_source(loaded: Loaded, name: str, w: WeightDir, root: Path, interpreter
     except subprocess.TimeoutExpired:
         return StepResult(step, Verdict.FAILED, f"`{w.source}` did not finish within {FETCH_TIMEOUT_S}s",
                           reason="weights_fetch_failed")
-    out = scrub(((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()[-TAIL:], secrets)
+    out = [secrets.scrub(ln) for ln in ((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()[-TAIL:]]
     for ln in out:
         progress(f"envport: [weights]   {ln}")
     if proc.returncode == 3:

@@ -100,6 +100,9 @@ def load_selected(args: argparse.Namespace) -> list:
 
 
 def load_one(args: argparse.Namespace, ref: str):
+    from envport.build.weights import guard_secrets
     from envport.spec.loader import load_spec
     root = project_root(args) if not ref.endswith((".yaml", ".yml")) else None
-    return load_spec(ref, root)
+    loaded = load_spec(ref, root)
+    guard_secrets(loaded.spec)  # its tokens never reach a line envport prints or records (core/secrets)
+    return loaded

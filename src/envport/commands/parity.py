@@ -30,7 +30,7 @@ def register(sub) -> None:
                    "or ~/.envport/envs)")
     p.add_argument("--ssh-envs-dir", default=None,
                    help="venv over SSH: ENVPORT_ENVS_DIR on the host (default: $ENVPORT_SSH_ENVS_DIR; when the "
-                   "host is this machine, /var/tmp/envport-ssh-envs, so it is really built twice)")
+                   "host is this machine, ~/.envport/ssh-envs of the SSH user there, so it is really built twice)")
     p.add_argument("--rebuild", action="store_true", help="rebuild every target even when present")
     p.add_argument("--no-ledger", action="store_true", help="do not record builds and the result in the ledger")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -13,7 +13,8 @@ import shlex
 import subprocess
 from typing import Optional
 
-from envport.core.verdict import StepResult, Verdict
+from envport.core.errors import EnvportError
+from envport.core.verdict import EXIT_REFUSED, StepResult, Verdict
 
 # The ssh client's own failures (exit 255) that mean "cannot get there".
 UNREACHABLE_MARKERS = ("Connection refused", "Connection timed out", "No route to host",
@@ -35,13 +36,20 @@ def host_label(host) -> str:
 
 
 def ssh_argv(host, connect_timeout: Optional[int] = None) -> list[str]:
-    """`ssh` with its options and the destination; append the remote command."""
+    """`ssh` with its options, `--`, then the destination; append the remote command.
+
+    A destination starting with `-` is refused, not passed: after `--` ssh would take it as a host
+    name, and before it as an option (`-oProxyCommand=...` runs a command here)."""
     dest = host_label(host)
+    if dest.startswith("-") or not dest.strip():
+        raise EnvportError(f"ssh destination {dest!r} {'starts with -' if dest else 'is empty'}: ssh would read "
+                           "it as an option; name a Host alias or user@host (--host, or hosts: in the site "
+                           "profile)", exit_code=EXIT_REFUSED)
     timeout = connect_timeout or getattr(host, "connect_timeout", None) or 5
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
     if getattr(host, "ssh_config", None):
         argv += ["-F", str(host.ssh_config)]
-    return argv + ["--", dest] if not dest.startswith("-") else argv + [dest]
+    return argv + ["--", dest]
 
 
 def is_unreachable(returncode: Optional[int], output: str) -> bool:
@@ -58,6 +66,8 @@ def prefix_expr(env_name: str, prefix: Optional[str] = None, envs_dir: Optional[
     """The env's remote prefix as a shell word: literal, or under $HOME like setup-venv.sh's default."""
     if prefix:
         return shlex.quote(prefix)
+    if envs_dir and envs_dir.startswith("~/"):
+        return '"$HOME"' + shlex.quote(f"/{envs_dir[2:].rstrip('/')}/{env_name}")
     if envs_dir:
         return shlex.quote(f"{envs_dir.rstrip('/')}/{env_name}")
     return '"$HOME"' + shlex.quote(f"/.envport/envs/{env_name}")
@@ -83,7 +93,10 @@ def env_preflight(host, env_name: str, prefix_sh: str, *, label: Optional[str] =
                   connect_timeout: Optional[int] = None) -> tuple[Optional[StepResult], Optional[str]]:
     """(problem, resolved remote prefix): REFUSED when unreachable or the env is missing there."""
     label = label or host_label(host)
-    rc, out = probe_env(host, prefix_sh, connect_timeout)
+    try:
+        rc, out = probe_env(host, prefix_sh, connect_timeout)
+    except EnvportError as exc:  # a destination ssh would take as an option
+        return StepResult("launcher", Verdict.REFUSED, str(exc), reason="ssh_bad_destination"), None
     last = out.splitlines()[-1] if out else ""
     if rc is None or rc == 255 or is_unreachable(rc, out):
         return unreachable("launcher", label, out), None

@@ -12,13 +12,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
+import ssl
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
-from envport.core.errors import EnvportError
-from envport.spec.yamlfile import load_model
+from envport.core import secrets
+from envport.core.errors import EnvportError, Problem, SpecError
+from envport.spec.model import IMAGE_RE, FindLink, Line, Url
+from envport.spec.yamlfile import load_model, read_bytes
 from envport.plan.steps import BaseStep, CaStep, PipStep, Plan, pip_source_args
 
 SITES_DIR = "sites"
@@ -26,6 +30,30 @@ DEFAULT_SITE = "local"
 # Where container builds see the site's CA bundle and the env's wheelhouse.
 CA_PATH_IN_ENV = "/etc/envport/ca-bundle.crt"
 WHEELHOUSE_IN_BUILD = "/tmp/envport-wheelhouse"
+# A CA bundle is a few hundred KiB (Debian's: 215 KiB, 144 certificates); a bound, not a style rule.
+MAX_CA_BYTES = 16 * 1024 * 1024
+PEM_CERT_RE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]{1,65536}?-----END CERTIFICATE-----")
+
+
+def _image_ref(value: str) -> str:
+    if not IMAGE_RE.match(value):
+        raise ValueError(f"{value!r} is not an image reference like 'mirror.example/debian:bookworm-slim'")
+    return value
+
+
+def _ssh_destination(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-', which ssh would read as an option; "
+                         "write a Host alias or user@host")
+    return value
+
+
+# Every string of a site profile reaches a recipe, a shell or a log: one line each (no newline can
+# add a RUN line to a Dockerfile or a .def's %post), in the spec's own rules (spec/model.py).
+ImageRef = Annotated[str, AfterValidator(_image_ref)]
+# docker's --network: a mode or a network's name, never a word a shell or a recipe could split.
+NetworkMode = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+SshDestination = Annotated[Line, AfterValidator(_ssh_destination)]
 
 
 class _Model(BaseModel):
@@ -33,14 +61,14 @@ class _Model(BaseModel):
 
 
 class PipSources(_Model):
-    index_url: Optional[str] = None
-    extra_index_urls: list[str] = []
-    find_links: list[str] = []
+    index_url: Optional[Url] = None
+    extra_index_urls: list[Url] = []
+    find_links: list[FindLink] = []
 
 
 class SshHost(_Model):
-    ssh: str = Field(description="ssh destination (a Host alias or user@host)")
-    ssh_config: Optional[str] = None
+    ssh: SshDestination = Field(description="ssh destination (a Host alias or user@host)")
+    ssh_config: Optional[Line] = None
     connect_timeout: int = Field(default=5, ge=1, le=60)
 
 
@@ -48,9 +76,9 @@ DEFAULT_SIF_DIR = ".cache/sif"
 
 
 class ApptainerDirs(_Model):
-    cachedir: Optional[str] = Field(default=None, description="APPTAINER_CACHEDIR for `apptainer build`")
-    tmpdir: Optional[str] = Field(default=None, description="APPTAINER_TMPDIR for `apptainer build`")
-    sif_dir: str = Field(default=DEFAULT_SIF_DIR, description="where <name>-<hash12>.sif files live "
+    cachedir: Optional[Line] = Field(default=None, description="APPTAINER_CACHEDIR for `apptainer build`")
+    tmpdir: Optional[Line] = Field(default=None, description="APPTAINER_TMPDIR for `apptainer build`")
+    sif_dir: Line = Field(default=DEFAULT_SIF_DIR, description="where <name>-<hash12>.sif files live "
                          "(relative to the project root, or absolute)")
     compression: Literal["gzip", "zstd", "xz", "lz4", "lzo", "lzma"] = Field(
         default="gzip", description="mksquashfs -comp for envport's .def builder (apptainer's default: gzip)")
@@ -58,9 +86,9 @@ class ApptainerDirs(_Model):
         default="docker-daemon", description="`Bootstrap:` for a base no registry serves (envport/* "
         "images, or every base when `registry: false`): the local docker engine's image, or a "
         "SIF/sandbox dir named in local_images")
-    local_images: dict[str, str] = Field(default={}, description="base image -> SIF file or sandbox "
+    local_images: dict[ImageRef, Line] = Field(default={}, description="base image -> SIF file or sandbox "
                                          "directory, for `local_bootstrap: localimage`")
-    build_dir: Optional[str] = Field(default=None, description="where envport's .def builder unpacks the "
+    build_dir: Optional[Line] = Field(default=None, description="where envport's .def builder unpacks the "
                                      "rootfs (default: /dev/shm when it has room, else <sif_dir>/.build)")
 
     def sif_path(self, root: Path) -> Path:
@@ -69,21 +97,22 @@ class ApptainerDirs(_Model):
 
 
 class Site(_Model):
-    name: str
-    description: str = ""
-    network: str = Field(default="default", description="docker build/run network mode, e.g. host")
-    ca_bundle: Optional[str] = Field(default=None, description="host CA bundle injected into container builds")
+    name: Line
+    description: Line = ""
+    network: NetworkMode = Field(default="default", description="docker build/run network mode, e.g. host")
+    ca_bundle: Optional[Line] = Field(default=None, description="host CA bundle (PEM certificates) injected into "
+                                      "container builds; only its certificates travel")
     pip: PipSources = PipSources()
     wheelhouse: bool = Field(default=False, description="install from `envport wheelhouse NAME` with --no-index")
-    wheelhouse_dir: str = Field(default=".cache/wheelhouse", description="relative to the project root")
-    base_images: dict[str, str] = Field(default={}, description="base image rewrites (mirrors)")
+    wheelhouse_dir: Line = Field(default=".cache/wheelhouse", description="relative to the project root")
+    base_images: dict[ImageRef, ImageRef] = Field(default={}, description="base image rewrites (mirrors)")
     registry: bool = Field(default=True, description="the engine can pull base images it lacks; false: "
                            "a missing base is REFUSED with the fix instead of a pull that cannot succeed")
     registry_ca: Optional[str] = Field(default=None, description="CA bundle (PEM) trusted for TLS to the OCI "
                                        "registries of `envport push`/`pull`, instead of the system's")
-    hosts: dict[str, SshHost] = {}
+    hosts: dict[Line, SshHost] = {}
     apptainer: ApptainerDirs = ApptainerDirs()
-    ledger_dir: Optional[str] = Field(default=None, description="where this place keeps envport's ledgers "
+    ledger_dir: Optional[Line] = Field(default=None, description="where this place keeps envport's ledgers "
                                       "(default: $XDG_STATE_HOME/envport); $ENVPORT_STATE_DIR overrides it")
     installer: Literal["pip", "uv"] = Field(
         default="pip", description="what installs each pip phase where the env is built: pip, or uv "
@@ -96,14 +125,14 @@ class Site(_Model):
     lock: bool = Field(default=True, description="install each phase from specs/<name>.lock when the spec "
                        "has one that fits it; `envport build --no-lock` turns this off for one build")
 
+    # The file this profile was read from, for errors found after loading (None: built-in defaults).
+    _source: Optional[str] = PrivateAttr(default=None)
+
     def ca_bytes(self) -> bytes:
+        """The CA bundle's certificates (PEM), as they go into an image; REFUSED when it holds none."""
         if not self.ca_bundle:
             return b""
-        try:
-            return Path(self.ca_bundle).read_bytes()
-        except OSError as exc:
-            raise EnvportError(f"site {self.name}: ca_bundle {self.ca_bundle}: {exc.strerror}; "
-                               "fix the path in the site profile", exit_code=3) from None
+        return ca_certificates(self.ca_bundle, self._source or f"site {self.name}")
 
     def bytecode_mode(self) -> str:
         """`build` or `first-import`: the profile's choice, else its installer's own default."""
@@ -126,7 +155,43 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
         if ref == DEFAULT_SITE:
             return Site(name=DEFAULT_SITE)
         raise EnvportError(f"site profile {path} not found; create it or pass --site local")
-    return load_model(path, Site, "site profile", "sites/local.yaml")
+    site = load_model(path, Site, "site profile", "sites/local.yaml")
+    site._source = str(path)
+    # A token in a pip URL (https://user:TOKEN@host/simple) is a configured secret: never printed.
+    secrets.register(secrets.url_password(u) for u in (site.pip.index_url, *site.pip.extra_index_urls,
+                                                       *site.pip.find_links))
+    return site
+
+
+def ca_certificates(path: str, source: str) -> bytes:
+    """The PEM certificate blocks of the bundle at PATH, checked by OpenSSL (the ssl module).
+
+    Only the blocks travel: a file that is not a bundle (`/etc/shadow`) is refused without a
+    word of its content, and a private key or comment beside the certificates stays on the host."""
+    def refused(message: str, fix: str) -> EnvportError:
+        return EnvportError(str(Problem(source, None, "ca_bundle", f"{path}: {message}", fix)), exit_code=3)
+
+    fix = "point ca_bundle at a PEM bundle of CA certificates, e.g. /etc/ssl/certs/ca-certificates.crt"
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0  # read_bytes says why
+    if size > MAX_CA_BYTES:
+        raise refused(f"is {size} bytes, larger than a CA bundle ({MAX_CA_BYTES // 2**20} MiB)", fix)
+    try:
+        data = read_bytes(Path(path), path, limit=MAX_CA_BYTES)
+    except SpecError as exc:
+        raise refused(exc.problems[0].message, exc.problems[0].fix) from None
+    blocks = PEM_CERT_RE.findall(data)
+    if not blocks:
+        raise refused("holds no PEM certificate (no -----BEGIN CERTIFICATE----- block)", fix)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    for i, block in enumerate(blocks, 1):
+        try:
+            ctx.load_verify_locations(cadata=block.decode("ascii"))
+        except (ssl.SSLError, ValueError):
+            raise refused(f"certificate {i} of {len(blocks)} is not a valid X.509 certificate", fix) from None
+    return b"".join(block + b"\n" for block in blocks)
 
 
 def apply_site(plan: Plan, site: Site) -> Plan:

@@ -15,15 +15,19 @@ crash never leaves half a file.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import socket
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
+from envport.core import secrets
+from envport.core.errors import EnvportError
 from envport.core.files import write_atomic
 
 STATE_DIR_VAR = "ENVPORT_STATE_DIR"
@@ -59,27 +63,78 @@ def now_utc() -> str:
 
 @contextmanager
 def _locked(path: Path):
+    """flock on `<name>.lock` beside the ledger.  O_NOFOLLOW and no O_TRUNC: in a shared ledger_dir
+    another user's symlink planted as the lock must be neither followed nor have its target emptied."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = path.with_suffix(".lock")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise EnvportError(f"the ledger lock {lock} is a symlink; envport does not follow it (another user "
+                               f"may have planted it): remove it (rm {lock}) and re-run", exit_code=3) from None
+        raise EnvportError(f"cannot open the ledger lock {lock}: {exc.strerror}; fix the ledger dir's "
+                           "permissions, or point $ENVPORT_STATE_DIR elsewhere", exit_code=3) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
+
+
+def _records(path: Path) -> list[dict] | str:
+    """The ledger's records, or why the file is not a ledger (a crash of another tool, a hand edit)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8"
+    except (ValueError, RecursionError) as exc:
+        return f"not JSON ({type(exc).__name__})"
+    records = data.get("records") if isinstance(data, dict) else None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        return "not an envport ledger (no list of records)"
+    return records
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Rename a corrupt ledger beside itself (kept as evidence) and say so in one line; a new one starts."""
+    aside = path.with_name(f"{path.name}.corrupt-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}")
+    os.replace(path, aside)
+    print(f"envport: the ledger {path} was corrupt ({why}); set aside as {aside}, a new one started",
+          file=sys.stderr)
+
+
+def _read_locked(path: Path) -> list[dict]:
+    """Under the lock: the records, after setting a corrupt ledger aside."""
+    if not path.is_file():
+        return []
+    got = _records(path)
+    if isinstance(got, str):
+        _set_aside(path, got)
+        return []
+    return got
 
 
 def read(root: Path, name: str, site_ledger_dir: Optional[str] = None) -> list[dict]:
     path = ledger_path(root, name, site_ledger_dir)
     if not path.is_file():
         return []
-    return json.loads(path.read_text(encoding="utf-8")).get("records", [])
+    got = _records(path)
+    if isinstance(got, str):
+        with _locked(path):  # set aside once, whoever of two readers gets there first
+            return _read_locked(path)
+    return got
 
 
 def append(root: Path, name: str, entry: dict, site_ledger_dir: Optional[str] = None) -> dict:
     """Append one record (adding when/host/key) to this machine's ledger; the project is not touched."""
-    record = {"when": now_utc(), "host": socket.gethostname(), **entry}
+    # Whatever a run saw (a log tail, a command line) may hold a configured secret: never recorded.
+    record = secrets.scrub_data({"when": now_utc(), "host": socket.gethostname(), **entry})
     if "hash" in record:
         record.setdefault("key", f"env:{name}@{record['hash'][:12]}")
     path = ledger_path(root, name, site_ledger_dir)
     with _locked(path):
-        records = read(root, name, site_ledger_dir) + [record]
+        records = _read_locked(path) + [record]
         write_atomic(path, json.dumps({"env": name, "project": os.path.realpath(root), "records": records},
                                       indent=2, sort_keys=True) + "\n")
     return record

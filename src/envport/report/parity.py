@@ -17,8 +17,10 @@ and fails the run (exit 1).  A target the host cannot run (no engine, host
 unreachable, no conda) is skipped with its reason.
 
 The SSH host may be this very machine (the test sshd): its envs then go to a
-separate folder (/var/tmp/envport-ssh-envs) so "venv over SSH" is really built
-a second time, not found present from the local build.
+separate folder (`~/.envport/ssh-envs`, the SSH user's own home on the host) so
+"venv over SSH" is really built a second time, not found present from the local
+build.  Never a fixed shared path: another user who made it first would own the
+env that the build runs (issue 21, F2).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from envport.core.verdict import StepResult, Verdict
 
 # Installer and envport packages: they differ by how the env was made, not by what the spec asks.
 EXCLUDED_PACKAGES = frozenset({"pip", "setuptools", "wheel", "distribute", "pkg-resources", "envport"})
-SAME_MACHINE_SSH_ENVS_DIR = "/var/tmp/envport-ssh-envs"
+# `~/` is the SSH user's home on the host (setup-venv.sh and engines/ssh prefix_expr expand it there).
+SAME_MACHINE_SSH_ENVS_DIR = "~/.envport/ssh-envs"
 PROBE_TIMEOUT_S = 180.0
 
 # Runs inside each env (stdlib only): the interpreter, pip's view of the packages, the env vars asked for.
