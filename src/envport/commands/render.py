@@ -60,7 +60,7 @@ def run(args) -> int:
                 results.append(StepResult(f"render {d.name}", Verdict.FAILED,
                                           f"{rel}/ is stale: no specs/{d.name}.yaml",
                                           lines=[f"{rel}/ (stale: run `envport render --all` or `git rm -r {rel}`)"]))
-        return _print_check(results, args.json)
+        return _print_check(results, args.json, _render_fix(args, renderings, every_spec))
     for r in renderings:
         changed = write(root, r, full)
         results.append(StepResult(f"render {r.name}", Verdict.OK if changed else Verdict.PRESENT,
@@ -91,7 +91,19 @@ def _workflow_drift(root: Path, selected: list, full: bool) -> list:
                        "differs from the specs" if drifted else "matches the specs", lines=drifted)]
 
 
-def _print_check(results, as_json: bool) -> int:
+def _render_fix(args, renderings, every_spec: bool) -> str:
+    """The one render command that clears every drift --check can report for this selection.
+
+    Drift lines carry no fix of their own: `render NAME` followed by `render --all --check` used to
+    print two (`envport matrix --format github` on the workflow, `envport render` below it), and the
+    plain `envport render NAME` the user had just run fixes neither the workflow nor a stale images/ dir."""
+    targets = "".join(f" --target {t}" for t in (args.target or ()))
+    if every_spec:
+        return f"envport render --all{targets}"
+    return "envport render " + " ".join(r.name for r in renderings) + targets
+
+
+def _print_check(results, as_json: bool, render_fix: str = "envport render --all") -> int:
     from envport.core.verdict import Verdict, report
     if as_json:
         return report(results, True, command="render")
@@ -101,7 +113,10 @@ def _print_check(results, as_json: bool) -> int:
             print(f"drift: {ln}", file=sys.stderr)
     if failed:
         n = sum(len(r.lines) for r in failed)
-        print(f"FAILED   {n} file(s) differ from the specs; run `envport render`", file=sys.stderr)
+        # A stale lock renders as unlocked recipes: lock first, then render.
+        locks = sorted(r.step.split(" ", 1)[1] for r in failed if r.step.startswith("lock "))
+        fix = (f"`envport lock {' '.join(locks)}`, then " if locks else "") + f"`{render_fix}`"
+        print(f"FAILED   {n} file(s) differ from the specs; run {fix}", file=sys.stderr)
         return 1
     from envport.report.workflow import WORKFLOW_PATH
     flows = [r for r in results if r.step == f"render {WORKFLOW_PATH}"]
