@@ -337,7 +337,7 @@ def test_f15_ssh_argv_puts_the_destination_after_double_dash_and_refuses_a_dash(
             ssh_argv(dest)
 
 
-@pytest.mark.parametrize("verb", ["build", "verify"])
+@pytest.mark.parametrize("verb", ["build", "verify", "witness"])  # the builder, testinfra, the SSH launcher
 def test_f15_a_dash_destination_never_runs_a_proxy_command(project, tmp_path, verb):
     if not shutil.which("ssh"):
         missing("no ssh client (apt-get install openssh-client)")
