@@ -253,3 +253,12 @@ def test_credentials_come_from_the_environment_then_the_docker_config(tmp_path):
 def test_bad_references_are_usage_errors(small_project, text):
     proc = run_envport("pull", text, root=small_project, timeout=60)
     assert proc.returncode == 2 and "oras://HOST[:PORT]/REPO[:TAG]" in proc.stderr, fail_with(proc, "pull")
+
+
+def test_a_tag_the_registry_lacks_is_refused_not_found(registry, small_project, tmp_path):
+    proc = run_envport("pull", registry.url(f"envport/{unique('none')}", "v0"), "--site", SITE, "-o", str(tmp_path),
+                       "--json", root=small_project, timeout=120)
+    assert proc.returncode == 3, fail_with(proc, "pull of a tag that is not there")
+    step = as_json(proc)["steps"][0]
+    assert step["reason"] == "not_found" and "check the repository and tag" in step["detail"], step
+    assert proc.stderr == "" and list(tmp_path.iterdir()) == []  # oras's own error print is silenced

@@ -174,6 +174,25 @@ def test_sif_sbom_lists_what_pip_and_dpkg_show_inside_it(small_sif, tmp_path: Pa
     assert props["envport:hash"] == small_sif.hash
 
 
+def test_spdx_format_holds_the_same_packages_and_validates(small_sif, tmp_path: Path):
+    from spdx_tools.spdx.parser.parse_anything import parse_file
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+    runs = {}
+    for fmt in ("cyclonedx", "spdx"):
+        out = tmp_path / f"sbom.{fmt}.json"
+        proc = run_envport("sbom", str(small_sif.path), "--format", fmt, "-o", str(out), root=small_sif.root,
+                           timeout=300)
+        assert proc.returncode == 0, fail_with(proc, f"envport sbom --format {fmt}")
+        runs[fmt] = out
+    doc = parse_file(str(runs["spdx"]))  # spdx-tools' own parser, then its validator
+    assert validate_full_spdx_document(doc) == []
+    assert doc.creation_info.spdx_version == "SPDX-2.3"
+    spdx_purls = {ref.locator for pkg in doc.packages for ref in pkg.external_references}
+    assert spdx_purls == {c["purl"] for c in json.loads(runs["cyclonedx"].read_text())["components"]}
+    assert "pkg:pypi/six@1.16.0" in spdx_purls
+
+
 def test_image_sbom_lists_what_pip_and_dpkg_show_inside_it(small_project, docker_client, base_image,
                                                            throwaway_images):
     throwaway_images.append(SMALL)

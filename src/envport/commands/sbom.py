@@ -9,8 +9,8 @@ SBOM_TARGETS = ("docker", "apptainer", "venv")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sbom", help="a CycloneDX SBOM of a built env (or a .sif), read from its content",
-                       description="Write a CycloneDX 1.6 JSON SBOM of what a built env holds, read from the env "
+    p = sub.add_parser("sbom", help="a CycloneDX (or SPDX) SBOM of a built env (or a .sif), read from its content",
+                       description="Write a CycloneDX 1.6 JSON SBOM (or SPDX 2.3 JSON: --format spdx) of what a built env holds, read from the env "
                        "itself, never from its spec: the Debian packages its var/lib/dpkg/status lists as "
                        "installed (pkg:deb/debian/...) and the Python distributions (*.dist-info) of its "
                        "interpreter's site-packages (pkg:pypi/...), with the env's name, hash and lock as "
@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("env", metavar="NAME|FILE.sif", help="a spec name (with --target), or a SIF file")
     p.add_argument("--target", choices=SBOM_TARGETS, default="docker", help="which built env of NAME (default: docker)")
     p.add_argument("--site", default=None, help="site profile (default: local); it names the env's hash")
+    p.add_argument("--format", choices=("cyclonedx", "spdx"), default="cyclonedx",
+                   help="cyclonedx (CycloneDX 1.6 JSON, default) or spdx (SPDX 2.3 JSON, via spdx-tools)")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write the SBOM here (default: stdout)")
     p.set_defaults(func=run)
 
@@ -31,7 +33,7 @@ def run(args) -> int:
     from envport.core.verdict import StepResult, Verdict, report
 
     if args.env.endswith(".sif") or Path(args.env).is_file():
-        result, text = _from_sif(Path(args.env))
+        result, text = _from_sif(Path(args.env), None, args.format)
     else:
         result, text = _from_name(args)
     if text is None:
@@ -44,7 +46,7 @@ def run(args) -> int:
     return report([result], False, stream=sys.stderr)
 
 
-def _from_sif(path: Path, lock=None):
+def _from_sif(path: Path, lock, fmt: str):
     from envport.core.verdict import StepResult, Verdict
     from envport.engines.sif import SifError, read_sif, sif_labels
     from envport.engines.sif_run import MountError, mounted
@@ -60,7 +62,7 @@ def _from_sif(path: Path, lock=None):
                           "apptainer", lock=lock, created=sbom.timestamp(info.created))
     try:
         with mounted(path) as tree:
-            return _written(step, tree, facts)
+            return _written(step, tree, facts, fmt)
     except MountError as exc:
         return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason,
                           lines=["fix: install squashfuse and fuse3 (apt-get install squashfuse fuse3), or run "
@@ -84,13 +86,13 @@ def _from_name(args):
         if not path.is_file():
             return _missing(f"sbom {identity.ref}", f"no SIF at {path}", "sif_missing",
                             f"envport build {loaded.spec.name} --target apptainer"), None
-        return _from_sif(path, lock)  # the lock is known from the spec's side here, not from the file
+        return _from_sif(path, lock, args.format)  # the lock is known from the spec's side here, not from the file
     if args.target == "venv":
-        return _from_venv(loaded, identity, lock)
-    return _from_image(loaded, identity, lock)
+        return _from_venv(loaded, identity, lock, args.format)
+    return _from_image(loaded, identity, lock, args.format)
 
 
-def _from_venv(loaded, identity, lock):
+def _from_venv(loaded, identity, lock, fmt: str):
     from envport.core import layout
     from envport.report import sbom
 
@@ -106,10 +108,10 @@ def _from_venv(loaded, identity, lock):
                         f"{identity.hash12}", "stale", f"envport build {loaded.spec.name} --target venv"), None
     created = sbom.timestamp((prefix / "pyvenv.cfg").stat().st_mtime)
     facts = sbom.EnvFacts(loaded.spec.name, identity.hash, "venv", lock=lock, created=created)
-    return _written(step, prefix, facts, venv=())
+    return _written(step, prefix, facts, fmt, venv=())
 
 
-def _from_image(loaded, identity, lock):
+def _from_image(loaded, identity, lock, fmt: str):
     import tempfile
     from datetime import datetime
 
@@ -132,7 +134,7 @@ def _from_image(loaded, identity, lock):
         except ExportError as exc:
             from envport.core.verdict import StepResult, Verdict
             return StepResult(step, Verdict.FAILED, str(exc)), None
-        return _written(step, Path(tmp) / "rootfs", facts)
+        return _written(step, Path(tmp) / "rootfs", facts, fmt)
 
 
 def _lock_fact(loaded, site):
@@ -150,11 +152,11 @@ def _missing(step: str, detail: str, reason: str, fix: str):
     return StepResult(step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"])
 
 
-def _written(step: str, tree: Path, facts, venv=None):
+def _written(step: str, tree: Path, facts, fmt: str, venv=None):
     from envport.core.verdict import StepResult, Verdict
     from envport.report import sbom
 
-    text, packages = sbom.make_sbom(tree, facts, sbom.CONTAINER_VENV if venv is None else venv)
+    text, packages = sbom.make_sbom(tree, facts, sbom.CONTAINER_VENV if venv is None else venv, fmt)
     debs = sum(p.kind == "deb" for p in packages)
     return StepResult(step, Verdict.OK, f"{debs} Debian packages, {len(packages) - debs} Python distributions "
-                      "(CycloneDX 1.6, schema-valid)"), text
+                      f"({'SPDX 2.3, validated by spdx-tools' if fmt == 'spdx' else 'CycloneDX 1.6, schema-valid'})"), text

@@ -251,15 +251,55 @@ def to_json(bom) -> str:
     return text + "\n"
 
 
-def make_sbom(tree: Path, facts: EnvFacts,
-              venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> tuple[str, list[Package]]:
+def to_spdx_json(packages: list[Package], facts: EnvFacts) -> str:
+    """The same content as SPDX 2.3 JSON (spdx-tools), validated by spdx-tools before it is returned: the
+    env as the package the document describes, CONTAINS one package per component, each with its purl."""
+    import io
+
+    from spdx_tools.spdx.model import (Actor, ActorType, CreationInfo, Document, ExternalPackageRef,
+                                       ExternalPackageRefCategory, Relationship, RelationshipType,
+                                       SpdxNoAssertion)
+    from spdx_tools.spdx.model import Package as SpdxPackage
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+    from spdx_tools.spdx.writer.json.json_writer import write_document_to_stream
+    from envport import __version__
+
+    serial = uuid.uuid5(SERIAL_NAMESPACE, "\n".join([facts.hash, *(p.purl for p in packages)]))
+    created = (facts.created or timestamp(0)).astimezone(timezone.utc).replace(tzinfo=None)
+    info = CreationInfo("SPDX-2.3", "SPDXRef-DOCUMENT", f"{facts.name}@{facts.hash[:12]}",
+                        f"https://spdx.org/spdxdocs/envport-{facts.name}-{serial}",
+                        [Actor(ActorType.TOOL, f"envport-{__version__}")], created)
+    env = SpdxPackage("SPDXRef-env", facts.name, SpdxNoAssertion(), version=facts.hash[:12], files_analyzed=False,
+                      comment=f"envport:hash {facts.hash}; envport:target {facts.target}; "
+                      f"envport:lock {facts.lock or 'none'}")
+    pkgs = [SpdxPackage(f"SPDXRef-{p.kind}-{i}", p.name, SpdxNoAssertion(), version=p.version, files_analyzed=False,
+                        source_info=f"read from {p.where}", external_references=[
+                            ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", p.purl)])
+            for i, p in enumerate(packages, start=1)]
+    rels = [Relationship("SPDXRef-DOCUMENT", RelationshipType.DESCRIBES, "SPDXRef-env")]
+    rels += [Relationship("SPDXRef-env", RelationshipType.CONTAINS, p.spdx_id) for p in pkgs]
+    doc = Document(info, packages=[env, *pkgs], relationships=rels)
+    errors = validate_full_spdx_document(doc)
+    if errors:
+        raise ValueError(f"the SBOM does not validate as SPDX 2.3: {errors[0].validation_message}")
+    out = io.StringIO()
+    write_document_to_stream(doc, out, validate=False)
+    return out.getvalue() + "\n"
+
+
+FORMATS = ("cyclonedx", "spdx")
+
+
+def make_sbom(tree: Path, facts: EnvFacts, venv: Optional[tuple[str, ...]] = CONTAINER_VENV,
+              fmt: str = "cyclonedx") -> tuple[str, list[Package]]:
     """The SBOM of TREE as JSON text, and the packages in it. Without a created time of the env's own, the
     newest of the files it was read from (not the clock: the same tree gives the same bytes)."""
     packages = read_tree(tree, venv)
     if facts.created is None:
         newest = max((os.lstat(tree / p.where).st_mtime for p in packages), default=0)
         facts = dataclasses.replace(facts, created=timestamp(newest))
-    return to_json(build_bom(packages, facts)), packages
+    text = to_spdx_json(packages, facts) if fmt == "spdx" else to_json(build_bom(packages, facts))
+    return text, packages
 
 
 def timestamp(seconds: float) -> datetime:

@@ -1,0 +1,181 @@
+"""Push and pull of a SIF through the real test registry, against a plain HTTP copy of the same bytes.
+
+    python bench/bench_registry.py [--sif FILE] [--runs 3] [--json bench/results/registry.json]
+
+- push: `envport push`'s engine (engines/registry.push_sif: ORAS over TLS, to a fresh repository each
+  run so every blob is really sent) against an HTTP PUT of the file to a plain server on loopback that
+  writes it to disk;
+- pull: engines/registry.pull_sif (manifest, the layer streamed to a partial file with its sha256, the SIF
+  header read, the rename) against an HTTP GET of the file from the same plain server, written to disk.
+The ratio is the median of each run's own ratio (goal <= 1.5: the registry's TLS, digests and
+manifest round trips cost at most half again what moving the bytes costs). Also printed: the same blob
+PUT and GET by curl straight to the registry (no oras, no envport), the floor docker-registry itself
+sets: what is over it is envport's and oras's own cost. Needs the test registry
+(.ci/services/registry.sh). Without --sif: demo-cpu's SIF under .cache/sif when there is one, else a
+small one (tests/support.py's default spec, six only) built in a tmp project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+REGISTRY_DIR = Path(os.environ.get("ENVPORT_REGISTRY_DIR", "/var/lib/envport-registry"))
+HOST = f"127.0.0.1:{os.environ.get('ENVPORT_REGISTRY_PORT', '5443')}"
+CHUNK = 4 << 20
+
+
+class Plain(http.server.BaseHTTPRequestHandler):
+    """GET /file: the SIF; PUT /anything: the body written to a file in the server's folder."""
+
+    source: Path
+    sink: Path
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        size = self.source.stat().st_size
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        with open(self.source, "rb") as fh:
+            self.wfile.write(fh.read()) if size < CHUNK else shutil.copyfileobj(fh, self.wfile, CHUNK)
+
+    def do_PUT(self):
+        left = int(self.headers["Content-Length"])
+        with open(self.sink, "wb") as out:
+            while left:
+                data = self.rfile.read(min(left, CHUNK))
+                out.write(data)
+                left -= len(data)
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def plain_server(source: Path, tmp: Path):
+    Plain.source, Plain.sink = source, tmp / "put.bin"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def http_put(url: str, sif: Path) -> float:
+    t0 = time.monotonic()
+    with open(sif, "rb") as fh:
+        req = urllib.request.Request(f"{url}/upload", data=fh, method="PUT",
+                                     headers={"Content-Length": str(sif.stat().st_size)})
+        urllib.request.urlopen(req, timeout=600).read()
+    return time.monotonic() - t0
+
+
+def http_get(url: str, dest: Path) -> float:
+    t0 = time.monotonic()
+    with urllib.request.urlopen(f"{url}/file", timeout=600) as resp, open(dest, "wb") as out:
+        shutil.copyfileobj(resp, out, CHUNK)
+    return time.monotonic() - t0
+
+
+def curl_registry(sif: Path, ca: Path, digest: str) -> tuple[float, float]:
+    """The registry's own floor: one monolithic blob upload and one download by curl, no envport, no oras."""
+    repo = f"https://{HOST}/v2/bench/curl-{secrets.token_hex(4)}/blobs"
+    post = subprocess.run(["curl", "-fsS", "--cacert", str(ca), "-X", "POST", "-D", "-", "-o", "/dev/null",
+                           f"{repo}/uploads/"], capture_output=True, text=True, check=True)
+    location = next(line.split(" ", 1)[1].strip() for line in post.stdout.splitlines()
+                    if line.lower().startswith("location:"))
+    t0 = time.monotonic()
+    subprocess.run(["curl", "-fsS", "--cacert", str(ca), "-X", "PUT", "-H", "Content-Type: application/octet-stream",
+                    "--data-binary", f"@{sif}", "-o", "/dev/null", f"{location}&digest={digest}"], check=True)
+    put_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    subprocess.run(["curl", "-fsS", "--cacert", str(ca), "-o", "/dev/null", f"{repo}/{digest}"], check=True)
+    return put_s, time.monotonic() - t0
+
+
+def small_sif(tmp: Path) -> Path:
+    sys.path.insert(0, str(REPO))
+    from tests.support import copy_project, write_site, write_spec
+
+    root = copy_project(tmp / "project")
+    write_spec(root, "bench-reg")
+    write_site(root, "bench", apptainer={"compression": "lz4"})
+    proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(root), "build", "bench-reg", "--target",
+                           "apptainer", "--site", "bench", "--json"], capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "ENVPORT_SIF_BUILDER": "envport"})
+    if proc.returncode != 0:
+        sys.exit(f"building the small SIF failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return Path(json.loads(proc.stdout)["steps"][-1]["data"]["sif"])
+
+
+def main() -> int:
+    from envport.engines import registry
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sif", type=Path, default=None)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = ap.parse_args()
+    ca = REGISTRY_DIR / "ca.crt"
+    try:
+        registry.reachable(HOST)
+    except registry.RegistryError as exc:
+        sys.exit(f"{exc} (ca {ca})")
+    with tempfile.TemporaryDirectory(prefix="bench-registry-", dir="/var/tmp") as tmp_s:
+        tmp = Path(tmp_s)
+        sif = args.sif or next(iter(sorted((REPO / ".cache" / "sif").glob("demo-cpu-*.sif"))), None) or small_sif(tmp)
+        size = sif.stat().st_size
+        digest = "sha256:" + subprocess.run(["sha256sum", str(sif)], capture_output=True, text=True,
+                                            check=True).stdout.split()[0]
+        server, url = plain_server(sif, tmp)
+        rows = []
+        for run in range(args.runs):
+            repo = f"bench/{secrets.token_hex(4)}"
+            t0 = time.monotonic()
+            registry.push_sif(sif, registry.Ref(HOST, repo), ["r"], ca=str(ca))
+            push_s = time.monotonic() - t0
+            out = tmp / f"pull-{run}"
+            t0 = time.monotonic()
+            registry.pull_sif(registry.Ref(HOST, repo, "r"), out, ca=str(ca))
+            pull_s = time.monotonic() - t0
+            shutil.rmtree(out)
+            put_s = http_put(url, sif)
+            get_s = http_get(url, tmp / "get.bin")
+            curl_put_s, curl_get_s = curl_registry(sif, ca, digest)
+            rows.append({"push_s": push_s, "http_put_s": put_s, "pull_s": pull_s, "http_get_s": get_s,
+                         "curl_registry_put_s": curl_put_s, "curl_registry_get_s": curl_get_s,
+                         "push_ratio": push_s / put_s, "pull_ratio": pull_s / get_s,
+                         "push_vs_curl": push_s / curl_put_s, "pull_vs_curl": pull_s / curl_get_s})
+            print(f"run {run + 1}: push {push_s:.2f} s vs PUT {put_s:.2f} s ({push_s / put_s:.2f}x), vs curl to the "
+                  f"registry {curl_put_s:.2f} s; pull {pull_s:.2f} s vs GET {get_s:.2f} s ({pull_s / get_s:.2f}x), "
+                  f"vs curl {curl_get_s:.2f} s")
+        server.shutdown()
+    result = {"sif": sif.name, "bytes": size, "runs": rows,
+              "push_ratio": statistics.median(r["push_ratio"] for r in rows),
+              "pull_ratio": statistics.median(r["pull_ratio"] for r in rows),
+              "push_vs_curl": statistics.median(r["push_vs_curl"] for r in rows),
+              "pull_vs_curl": statistics.median(r["pull_vs_curl"] for r in rows), "goal": 1.5}
+    print(f"{sif.name} ({size >> 20} MiB): push/PUT {result['push_ratio']:.2f}x, pull/GET "
+          f"{result['pull_ratio']:.2f}x (median of {args.runs}; goal <= 1.5); against curl to the same registry: "
+          f"push {result['push_vs_curl']:.2f}x, pull {result['pull_vs_curl']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
