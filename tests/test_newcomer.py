@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .support import run_envport, unique, write_spec
+from .support import as_json, cli_env, run_envport, unique, write_spec
 
 WORKFLOW = ".github/workflows/envs.yml"
 
@@ -38,3 +38,29 @@ def test_render_check_of_named_specs_names_them_in_its_fix(project):
     proc = run_envport("render", name, "--check", root=project, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _fixes(proc.stderr) == [f"envport render {name}"], proc.stderr
+
+
+def _refs(text: str, name: str) -> list[str]:
+    return re.findall(rf"\b{re.escape(name)}@([0-9a-f]{{12}})\b", text)
+
+
+def test_validate_and_show_print_the_identity_build_uses_first_and_label_the_portable_one(project, tmp_path):
+    name = unique("newcomer")
+    write_spec(project, name)
+    # `build --check` builds nothing and names the env it would build (a venv under tmp_path).
+    built = run_envport("build", name, "--target", "venv", "--check", root=project, timeout=120,
+                        env=cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs")))
+    assert built.returncode == 1, built.stdout + built.stderr
+    build_ref = set(_refs(built.stdout + built.stderr, name))
+    assert len(build_ref) == 1, built.stdout + built.stderr
+    validated = run_envport("validate", name, root=project, timeout=120, check=True).stdout
+    shown = run_envport("show", name, root=project, timeout=120, check=True).stdout
+    # The local site adds a CA bundle and a wheelhouse: the two hashes differ, and each command says which is which.
+    for out in (validated, shown):
+        first, portable_ref = _refs(out, name)[:2]
+        assert {first} == build_ref and portable_ref != first, out
+        assert re.search(rf"portable[^\n]*{name}@{portable_ref}", out), out
+    assert "built on site local" in validated
+    portable = run_envport("validate", name, "--json", root=project, timeout=120, check=True)
+    step = as_json(portable)["steps"][0]["data"]
+    assert step["hash"][:12] in build_ref and step["site"] == "local" and step["portable_hash"] != step["hash"]

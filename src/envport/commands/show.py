@@ -9,8 +9,9 @@ from envport.commands._common import load_one, project_root
 
 def register(sub) -> None:
     p = sub.add_parser("show", help="print the resolved spec, its hash and the hash inputs",
-                       description="Print a spec after `extends` merging, its content hash (which names "
-                       "every built artefact) and the inputs that fed the hash.")
+                       description="Print a spec after `extends` merging, the identity `envport build` gives it "
+                       "on the site (which names every built artefact), the portable identity of images/ "
+                       "(labelled as such) and the inputs that fed the hash.")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--site", default=None,
                    help="the site profile whose build hash is shown beside the portable one (default: local)")
@@ -42,9 +43,10 @@ def run(args) -> int:
         print(json.dumps({"command": "show", "exit_code": 0, "steps": [], "problems": [], **data},
                          indent=2, ensure_ascii=False))
         return 0
-    print(f"# portable (images/, no site): {identity.ref}  (sha256 {identity.hash})")
+    # The identity `envport build` uses comes first; the portable one is labelled (issue 27 row 9).
     print(f"# built on site {site.name}: {built.ref}  (image {built.image_tag}, {built.sif_name}, "
           "the venv's recorded hash and the ledger key all use it)")
+    print(f"# portable (images/, no site; not what `envport build` names): {identity.ref}  (sha256 {identity.hash})")
     for line in data["site"]["differs_by"] or ["the site adds nothing to the recipe: the two hashes are equal"]:
         print(f"#   {line}")
     print(f"# from: {', '.join(data['files'])}")

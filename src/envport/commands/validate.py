@@ -12,27 +12,41 @@ def register(sub) -> None:
                        description="Load, merge (extends) and validate specs. Every problem is printed as "
                        "FILE:LINE: FIELD: what was wrong (fix: ...), all of them at once; a file that cannot "
                        "be read is one problem and the other specs are still checked. --all also refuses "
-                       "specs/*.yml (spec files end in .yaml).")
+                       "specs/*.yml (spec files end in .yaml). Each valid spec is named by the identity "
+                       "`envport build` gives it on the site (--site, default local); the portable one "
+                       "(images/, no site) is printed beside it and labelled as such.")
     add_spec_args(p)
+    p.add_argument("--site", default=None,
+                   help="the site profile whose build identity is printed (default: local, as `build`)")
     add_json_arg(p, "one step per valid spec")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from envport.core.verdict import StepResult, Verdict, envelope, print_json
-    from envport.recipe.identity import portable
+    from envport.commands._common import project_root
+    from envport.plan.site import load_site
+    from envport.recipe.identity import portable, resolve
     from envport.spec.model import requirement_warnings
 
     loaded_specs, problems = load_each(args)
+    # The site is loaded only once a spec is valid: a spec error is reported with or without a site.
+    site = load_site(args.site, project_root(args)) if loaded_specs else None
     results = []
     for loaded in loaded_specs:
-        ident = portable(loaded)
+        # `validate X` then `build X` used to print two hashes for one spec with no word why: the first
+        # hash printed is the one `build` will use; the portable one is labelled.
+        ident, bare = resolve(loaded, site, "docker").identity, portable(loaded)
+        same = "the same as the portable one (images/)" if bare.hash == ident.hash else \
+            f"portable, images/: {bare.ref}; `envport show {loaded.spec.name}` says why they differ"
         # Valid, but not reproducible (a git branch ref): said, never an error.
         warnings = [f"{loaded.path}: {where}: {msg}" for where, msg in requirement_warnings(loaded.spec)]
         for w in warnings if not args.json else ():
             print(f"WARNING  {w}", file=sys.stderr)
-        results.append(StepResult(f"validate {loaded.spec.name}", Verdict.OK, f"{ident.ref} ({loaded.path})",
-                                  data={"env": loaded.spec.name, "hash": ident.hash, "file": str(loaded.path),
+        results.append(StepResult(f"validate {loaded.spec.name}", Verdict.OK,
+                                  f"{ident.ref} ({loaded.path}; built on site {site.name}; {same})",
+                                  data={"env": loaded.spec.name, "hash": ident.hash, "site": site.name,
+                                        "portable_hash": bare.hash, "file": str(loaded.path),
                                         "warnings": warnings}))
     if args.json:
         # The valid specs' steps and every problem, in one document; the exit code says which won.
