@@ -25,19 +25,22 @@ for bin in docker-registry openssl curl; do
     fi
 done
 
+# Traversable, not listable: other users (a pull as another user) read the CA certificate, never the keys.
+share_ca() { chmod 0711 "$dir"; chmod 0644 "$dir/ca.crt"; chmod 0600 "$dir"/*.key; }
+
 trust_engine() {
     mkdir -p "/etc/docker/certs.d/$addr"
     cmp -s "$dir/ca.crt" "/etc/docker/certs.d/$addr/ca.crt" || cp "$dir/ca.crt" "/etc/docker/certs.d/$addr/ca.crt"
 }
 
 if [[ -f "$dir/ca.crt" ]] && works; then
+    share_ca
     trust_engine
     echo "registry: already answers on https://$addr (CA $dir/ca.crt)"
     exit 0
 fi
 
 mkdir -p "$dir/storage"
-chmod 0700 "$dir"
 if [[ ! -f "$dir/ca.crt" || ! -f "$dir/ca.key" ]]; then
     openssl req -x509 -newkey rsa:3072 -nodes -days 3650 -subj "/CN=envport test registry CA" \
         -keyout "$dir/ca.key" -out "$dir/ca.crt" -addext "basicConstraints=critical,CA:TRUE" \
@@ -51,6 +54,8 @@ if [[ ! -f "$dir/server.crt" ]]; then
         -days 3650 -extfile "$dir/server.ext" -out "$dir/server.crt" 2>/dev/null
     rm -f "$dir/server.csr"
 fi
+
+share_ca
 
 cat >"$dir/config.yml" <<CONF
 # envport test registry (written by .ci/services/registry.sh)
