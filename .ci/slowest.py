@@ -5,7 +5,7 @@
 test that grows from 20 s to 300 s is seen in the run that made it so.  A test case's time in the
 report is its setup + call + teardown (pytest's default `junit_duration_report = total`), so a
 session fixture's build is charged to the first test that asked for it.
-    usage: slowest.py [REPORT [N]]   (default reports/junit.xml, the 25 slowest)
+    usage: slowest.py [REPORT [N [ROOTDIR]]]   (default reports/junit.xml, the 25 slowest, the checkout)
     exit 0: printed; 2: the report is missing or unreadable.  The exit never reflects the tests'
     own verdicts: .ci/run takes those from pytest's exit code.
 """
@@ -70,8 +70,9 @@ def table(found: list[Case], n: int = 25) -> str:
 def main(argv: list[str]) -> int:
     report = Path(argv[1] if len(argv) > 1 else REPO / "reports" / "junit.xml")
     n = int(argv[2]) if len(argv) > 2 else 25
+    rootdir = Path(argv[3]) if len(argv) > 3 else REPO
     try:
-        found = cases(report)
+        found = cases(report, rootdir)
     except (OSError, ET.ParseError) as exc:
         print(f"slowest: cannot read the JUnit report {report}: {exc}", file=sys.stderr)
         return 2
