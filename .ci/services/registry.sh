@@ -8,6 +8,9 @@
 # (tests/registry_fixture.py writes such a site). Idempotent: a registry of ours that answers over TLS
 # with this CA is left running.
 set -euo pipefail
+tag=registry
+# shellcheck source=.ci/services/slurm-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-lib.sh"   # alive/stop by our own pid file
 
 dir=${ENVPORT_REGISTRY_DIR:-/var/lib/envport-registry}
 port=${ENVPORT_REGISTRY_PORT:-5443}
@@ -74,22 +77,9 @@ http:
     key: $dir/server.key
 CONF
 
-# A running registry of ours that fails the check has an old config: restart it.
-# Only the pid from our own pid file is stopped, never docker-registry by name.
-if [[ -s "$pidfile" ]]; then
-    pid=$(<"$pidfile")
-    if [[ -r "/proc/$pid/comm" && "$(<"/proc/$pid/comm")" == docker-registry ]]; then
-        kill "$pid"
-        deadline=$((SECONDS + 10))
-        while kill -0 "$pid" 2>/dev/null; do
-            if ((SECONDS >= deadline)); then
-                echo "registry: old docker-registry (pid $pid) did not stop in 10s" >&2
-                exit 1
-            fi
-            sleep 0.2
-        done
-    fi
-fi
+# A running registry of ours that fails the check has an old config: restart it (slurm-lib.sh's `stop`:
+# only the pid from our own pid file, never docker-registry by name).
+stop docker-registry "$pidfile"
 
 # docker-registry stays in the foreground: detach it from this script's session.
 setsid docker-registry serve "$dir/config.yml" >>"$log" 2>&1 </dev/null &
