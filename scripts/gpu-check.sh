@@ -48,6 +48,7 @@ EXTRA_REQS=(jsonschema)
 read -ra EXTRA <<<"${EXTRA_DEPS:-}"
 BUDGET_S="${BUDGET_S:-240}"
 DEADLINE="${DEADLINE:-75}"  # per witness script (dist.py's group deadline; NCCL's own timeouts fire at half of it)
+WITNESS_CAP_S="${WITNESS_CAP_S:-150}"  # per witness part (census, its scripts, their launch margins)
 MARK=ENVPORT_GPU_CHECK_RUN  # every process a run starts carries it, so the trap can find them
 
 prepare() {
@@ -122,6 +123,12 @@ probe() {
     wait "$CHILD"
     RC=$?
     CHILD=""
+    if ((RC == 124 || RC == 137)); then
+        # timeout signals CMD's process group; witness ranks in their own sessions outlive it.
+        end_marked "$RUN_ID"
+        ((ENDED)) && say "(timed out; ended $ENDED process(es) it left running)"
+    fi
+    return 0
 }
 
 # section TITLE CAP CMD...: one whole section whose output goes into the record.
@@ -311,7 +318,7 @@ print("available", torch.cuda.is_available(), "devices", torch.cuda.device_count
     for part in kernel collectives dtensor basic; do
         only=("--only" "$part")
         [[ $part == basic ]] && only=(--only python --only imports)
-        lim="$(limit 150)"
+        lim="$(limit "$WITNESS_CAP_S")"
         begin "witness $part" "$lim"
         say "envport witness ${only[*]} --json: \$OUT/witness-$part.json (stderr: witness-$part.stderr.txt)"
         probe "$lim" "$OUT/witness-$part.json" "$OUT/witness-$part.stderr.txt" \

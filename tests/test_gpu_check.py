@@ -45,8 +45,12 @@ class Host:
 
 
 def _pip_tail(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and not ln.startswith("WARNING")]
-    return " | ".join(lines[-3:])
+    """The last lines of stderr that are not pip's warnings (stdout's when there are none), and the exit status."""
+    for text in (proc.stderr, proc.stdout):
+        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("WARNING")]
+        if lines:
+            return f"exit {proc.returncode}: " + " | ".join(lines[-3:])
+    return f"exit {proc.returncode}, no output"
 
 
 @pytest.fixture(scope="module")
@@ -225,25 +229,31 @@ def test_sigkill_leaves_a_record_that_says_where_it_stopped(host, tmp_path, poin
         end_marked(proc.pid)
 
 
-def test_sigterm_closes_the_record_and_ends_the_ranks(host, tmp_path):
-    """A kill at the command's time limit (SIGTERM first): the trap closes the record and ends every process
-    this run started, the witness ranks in their own sessions included (defects 1, 8)."""
+def test_a_hang_costs_one_section_and_sigterm_closes_the_record(host, tmp_path):
+    """A rank that hangs (the witness's test-only fault hang:1) costs its section: the section's timeout fires
+    and the ranks it left in their own sessions are ended.  Then a kill at the command's time limit (SIGTERM
+    first) during the next section: the trap closes the record and ends every process of this run
+    (defects 1, 8)."""
     out = tmp_path / "out"
-    proc = start(host, out)
+    proc = start(host, out, ENVPORT_WITNESS_FAULT="hang:1", WITNESS_CAP_S="25", DEADLINE="300")
     try:
-        wait_for(proc, out / "infra-gpu.md", "witness collectives", ranks=True)
+        wait_for(proc, out / "infra-gpu.md", "witness dtensor", ranks=True)
+        text = (out / "infra-gpu.md").read_text()
+        assert "(witness collectives: exit 124 (timed out), at +" in text
+        assert re.search(r"^\(timed out; ended [1-9]\d* process\(es\) it left running\)$", text, re.M)
         proc.send_signal(signal.SIGTERM)
         finished(proc, timeout=60)
         assert proc.returncode == 143
         assert not marked(proc.pid), [cmdline(p) for p in marked(proc.pid)]
         text = (out / "infra-gpu.md").read_text()
-        assert headings(text)[-2:] == ["witness collectives", "end"]
-        assert "(witness collectives: exit stopped by SIGTERM, at +" in text
-        assert re.search(r'^stopped by SIGTERM in section "witness collectives" at \+\d+ s of the 240 s budget$',
+        assert headings(text)[-2:] == ["witness dtensor", "end"]
+        assert "(witness dtensor: exit stopped by SIGTERM, at +" in text
+        assert re.search(r'^stopped by SIGTERM in section "witness dtensor" at \+\d+ s of the 240 s budget$',
                          text, re.M)
         ended = re.search(r"^processes of this run still running at exit, ended: (\d+)$", text, re.M)
         assert ended and int(ended[1]) >= 1
-        assert "- doctor --json: 0" in text and "\nexit status: 143\n" in text
+        assert "- doctor --json: 0" in text and "- witness collectives: 124 (timed out)" in text
+        assert "\nexit status: 143\n" in text
     finally:
         end_marked(proc.pid)
 
