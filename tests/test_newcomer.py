@@ -6,6 +6,9 @@ Each test runs the real CLI on a copy of the project (tests/fixtures.py `project
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 
 from .support import as_json, cli_env, run_envport, unique, write_spec
 
@@ -64,3 +67,32 @@ def test_validate_and_show_print_the_identity_build_uses_first_and_label_the_por
     portable = run_envport("validate", name, "--json", root=project, timeout=120, check=True)
     step = as_json(portable)["steps"][0]["data"]
     assert step["hash"][:12] in build_ref and step["site"] == "local" and step["portable_hash"] != step["hash"]
+
+
+def _ledger(project, name: str, env: dict) -> list[dict]:
+    proc = run_envport("ledger", name, "--json", root=project, timeout=60, env=env)
+    return as_json(proc).get("records", []) if proc.returncode == 0 else []
+
+
+def test_build_check_records_nothing_and_an_interrupt_records_interrupted(project, tmp_path):
+    name = unique("newcomer")
+    # No pip phase (nothing fetched); the run command keeps the build busy until the signal.
+    write_spec(project, name, pip_phases=[], env={}, run_commands=["sleep 300"])
+    env = cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs"), ENVPORT_STATE_DIR=str(tmp_path / "state"))
+    for _ in range(2):
+        proc = run_envport("build", name, "--target", "venv", "--check", root=project, timeout=120, env=env)
+        assert proc.returncode == 1 and "[not_present]" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert _ledger(project, name, env) == []  # a check builds nothing: before, each one was a `build FAILED`
+    bg = subprocess.Popen([sys.executable, "-m", "envport", "-C", str(project), "build", name, "--target", "venv"],
+                          cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in bg.stderr:  # bounded: the build ends by itself if the signal is never sent
+            if "step 2/" in line:
+                break
+        bg.send_signal(signal.SIGINT)
+        bg.communicate(timeout=120)
+    finally:
+        bg.kill()
+    records = _ledger(project, name, env)
+    assert [(r["kind"], r["verdict"]) for r in records] == [("build", "interrupted")], records
+    assert "SIGINT" in records[0]["summary"], records

@@ -88,7 +88,12 @@ def run(args) -> int:
     site = load_site(args.site, root)
     site, refused, lock_fact = lock_gate(args.no_lock, loaded, site)
     identity = resolve(loaded, site, args.target).identity
-    results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
+    try:
+        results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
+    except KeyboardInterrupt:
+        # The ledger says the build was stopped, not that it broke (issue 27 row 10); the CLI exits 130.
+        _record_interrupted(root, loaded, args, identity, site, lock_fact)
+        raise
     if args.sign and results[-1].verdict.ok and results[-1].data.get("sif"):
         from pathlib import Path
 
@@ -99,11 +104,23 @@ def run(args) -> int:
     last = results[-1]
     if args.sign and len(results) > 1 and last.verdict.ok:
         last = results[-2]  # the ledger keeps the build's facts (sif, size); the signature is in the file
-    ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last, site=site,
-                  seconds=sum(r.seconds for r in results), lock=lock_fact)
+    # --check builds nothing: a record per check made 12 `build FAILED` rows for 0 failed builds.
+    if not args.check:
+        stopped = {"verdict": "interrupted"} if last.reason == "interrupted" else {}
+        ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last,
+                      site=site, seconds=sum(r.seconds for r in results), lock=lock_fact, **stopped)
     if not args.json:
         print(f"{last.verdict.value} {identity.ref} --target {args.target}")
     return code
+
+
+def _record_interrupted(root, loaded, args, identity, site, lock_fact) -> None:
+    from envport.core.verdict import StepResult, Verdict
+    from envport.report import ledger
+
+    stopped = StepResult(f"build {loaded.spec.name}", Verdict.FAILED, "interrupted", reason="interrupted")
+    ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=stopped,
+                  site=site, lock=lock_fact, verdict="interrupted")
 
 
 def _rememberable(args, loaded) -> bool:
