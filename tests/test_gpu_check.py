@@ -90,7 +90,7 @@ def finished(proc: subprocess.Popen, timeout: float = RUN_LIMIT_S) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        stop(proc)
         raise
     return out
 
@@ -108,8 +108,12 @@ def marked(run_pid: int) -> list[int]:
     return pids
 
 
-def end_marked(run_pid: int) -> None:
-    for pid in marked(run_pid):
+def stop(proc: subprocess.Popen) -> None:
+    """End a run a test gave up on: the script itself (it does not carry its marker), then what carries it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+    for pid in marked(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -226,7 +230,7 @@ def test_sigkill_leaves_a_record_that_says_where_it_stopped(host, tmp_path, poin
             assert not [p for p in marked(proc.pid) if p in left]
             assert "(not run: the 1 s budget is spent)" in again and "## end" in again
     finally:
-        end_marked(proc.pid)
+        stop(proc)
 
 
 def test_a_hang_costs_one_section_and_sigterm_closes_the_record(host, tmp_path):
@@ -255,7 +259,7 @@ def test_a_hang_costs_one_section_and_sigterm_closes_the_record(host, tmp_path):
         assert "- doctor --json: 0" in text and "- witness collectives: 124 (timed out)" in text
         assert "\nexit status: 143\n" in text
     finally:
-        end_marked(proc.pid)
+        stop(proc)
 
 
 # --- what used to stop the script under set -e --------------------------------------------------
@@ -300,6 +304,7 @@ def test_missing_wheels_are_one_section_not_the_record(host, tmp_path):
 
 
 def test_an_invalid_report_is_named_with_where_it_breaks(tmp_path):
+    jsonschema.Draft202012Validator.check_schema(load_schema("witness.schema.json"))
     bad = tmp_path / "doctor.json"
     bad.write_text(json.dumps({"schema_version": 2, "testable": {}}))
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_record.py"), "doctor", str(bad),
