@@ -9,8 +9,9 @@ F17  `-r FILE` resolves inside the build context only: one outside (`../../x`, a
 F18  brackets nested 20,000 deep (an exec-form RUN, a COPY, a requirement marker) end in a
      "too deeply nested" note, not a RecursionError.
 
-Each case runs the real CLI in a subprocess under RLIMIT_AS (1 GiB), so a blow-up dies with a
-MemoryError traceback here instead of swapping the machine; the assertions are on what it prints.
+Each case runs the real CLI in a subprocess under RLIMIT_AS (1 GiB) and RLIMIT_CPU (30 s), so a
+blow-up dies with a MemoryError traceback (or SIGXCPU) here instead of swapping or holding the
+machine; the assertions are on what it prints.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from pathlib import Path
 import pytest
 
 MEM_LIMIT = 2**30
+CPU_SECONDS = 30  # an import of a 1 MiB recipe takes about a second of CPU; a quadratic scan takes minutes
 SECRET = "hunter2-not-for-printing"
 LOST = "dropped (a step that may install something; the spec lacks it)"
 
 
 def _limit():
     resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
 
 
 def envport_import(tmp: Path, recipe: Path, *args: str) -> tuple[int, str, str]:
@@ -202,3 +205,11 @@ def test_a_requirement_marker_nested_deep_is_noted(tmp_path: Path):
                             ")" * 3000 + "\nnumpy==1.26.4\n", "--base", "python:3.11-slim")
     assert "dropped: too deeply nested (3000 levels of brackets, at most 32)" in report, report
     assert '"numpy==1.26.4"' in spec and "six" not in spec, spec
+
+
+def test_long_lines_are_scanned_in_linear_time(tmp_path: Path):
+    # 70,000 ` -i` after a sed (the in-place-patch check backtracked quadratically: 60 KB took 16 s) and an
+    # ENV of 200,000 letters without `=` (the ENV key scan restarted at every letter).
+    _, report = imported(tmp_path, "Dockerfile", "FROM python:3.11-slim\nRUN sed" + " -i" * 70_000 +
+                         "\nENV X={" + "a" * 200_000 + "\n", exit_code=2)
+    assert "more than a spec file holds (64 KiB at most)" in report, report

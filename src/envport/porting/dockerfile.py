@@ -92,7 +92,9 @@ def pairs(value: str) -> list[tuple[str, str]]:
 def _raw_values(value: str) -> dict[str, str]:
     """For each key, the value as written (before unescaping): which `$` were escaped."""
     out = {}
-    for m in re.finditer(r'([A-Za-z_][A-Za-z0-9_.-]*)=("(?:[^"\\]|\\.)*"|\S*)', value):
+    # A key starts a word: from inside one the key scan would restart at every character (60 KB of
+    # letters without `=` took seconds, quadratic).
+    for m in re.finditer(r'(?<![A-Za-z0-9_.-])([A-Za-z_][A-Za-z0-9_.-]*)=("(?:[^"\\]|\\.)*"|\S*)', value):
         out[m.group(1)] = m.group(2)
     return out
 

@@ -51,7 +51,20 @@ BASH_ONLY = [
 # A model's own downloader (transformers, the HF hub, torch.hub, a tool's `download-models`).
 MODEL_DOWNLOADER = re.compile(r"from_pretrained|snapshot_download|hf_hub_download|torch\.hub\.load|"
                               r"download[-_]?models?\b|install[-_]models\b|download[-_]weights|fetch[-_]weights", re.I)
-SED_PATCH = re.compile(r"\bsed\b[^|;&]*\s-i\b.*(site-packages|dist-packages|/venv/|/lib/python\d|/opt/conda)")
+# `sed … -i …` then an installed package's path: two linear scans (one regex with both, `[^|;&]*\s-i\b.*(…)`,
+# backtracked quadratically: 60 KB of ` -i` took 16 s).
+SED_INPLACE = re.compile(r"\bsed\b[^|;&]*")
+SITE_PATH = re.compile(r"site-packages|dist-packages|/venv/|/lib/python\d|/opt/conda")
+
+
+def patches_installed(text: str) -> bool:
+    """An in-place `sed -i` with an installed package's path after its `-i`."""
+    last = max((m.start() for m in SITE_PATH.finditer(text)), default=-1)
+    for sed in SED_INPLACE.finditer(text):
+        flag = re.search(r"\s-i\b", sed.group())
+        if flag and last >= sed.start() + flag.end():
+            return True
+    return False
 GIT_CLONE = re.compile(r"\bgit\s+clone\b")
 GIT_PINNED = re.compile(r"\b(checkout|reset\s+--hard|switch\s+--detach|fetch\s+\S+)\s+[0-9a-f]{40}\b")
 DOWNLOAD = re.compile(r"(^|[;&|(\s])(wget|curl)\s")
@@ -193,7 +206,7 @@ def _keep(text: str, line: Optional[int], ctx: ShellContext, whole_because: str 
         ref = f"branch {m.group(2)!r}" if m else "the default branch"
         ctx.note(line, text, KEPT, f"clones {ref}: the build changes when it moves",
                  "check out a full commit sha, or install it as `name @ git+https://…@<sha>`")
-    if SED_PATCH.search(text):
+    if patches_installed(text):
         ctx.note(line, text, KEPT, "patches an installed package in place; a later phase that reinstalls it "
                  "undoes the patch", "keep it after the last pip phase that touches that package, or ship a "
                  "fixed wheel")
