@@ -233,14 +233,17 @@ def _unrelated_mounts(base: str) -> Iterator[list[str]]:
 
 
 @contextmanager
-def _killed_task_mount(launcher, sif: Path) -> Iterator[str]:
+def _killed_task_mount(launcher, sif: Path, unmounted: bool = False) -> Iterator[str]:
     """A per-call wrapper SIGKILLed with its mount held (its trap never ran): yields the mount it left,
-    removed afterwards whatever the test found."""
+    removed afterwards whatever the test found. UNMOUNTED: its mount gone too, its directories left (what
+    Slurm killing the step's squashfuse as well leaves once auto_unmount ran; unmounted here by hand)."""
     with _task(launcher, sif) as (proc, mnt):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     try:
         assert _mountinfo(mnt), f"the killed task left no mount at {mnt}"  # squashfuse lives on, daemonized
+        if unmounted:
+            subprocess.run(["fusermount", "-u", mnt], check=True, timeout=30)
         yield mnt
     finally:
         if _mountinfo(mnt):
@@ -253,13 +256,16 @@ def test_launcher_cleanup_unmounts_its_own_and_follows_no_symlink(hostile_sif: P
 
     _needs("squashfuse", "mountpoint")
     launcher = SifLauncher(hostile_sif, runtime="ch-run")
-    with _killed_task_mount(launcher, hostile_sif) as left, _unrelated_mounts(launcher.task_mounts()) as victims:
+    with _killed_task_mount(launcher, hostile_sif) as left, \
+            _killed_task_mount(launcher, hostile_sif, unmounted=True) as emptied, \
+            _unrelated_mounts(launcher.task_mounts()) as victims:
         cleanup = launcher.invocation("x.py", [], {}).cleanup  # what run_with_deadline runs on timeout/Ctrl-C
         assert cleanup
         for argv in cleanup:
             subprocess.run(argv, capture_output=True, timeout=60)
         assert not _mountinfo(left) and not os.path.exists(os.path.dirname(left)), \
             "the killed task's mount was not cleaned up"
+        assert not os.path.exists(os.path.dirname(emptied)), "a killed task's empty directory was left"
         for v in victims:
             assert _mountinfo(v), f"the cleanup unmounted {v}, an unrelated mount behind a planted symlink"
 

@@ -104,9 +104,9 @@ MOUNT_ENV = "ENVPORT_SIF_MOUNT"
 # `envport_sif_sweep BASE`: unmount every mount envport's per-task wrapper made at BASE<random>/rootfs (a task
 # that was killed before its own trap could), and remove both. A mount counts only where /proc/self/mountinfo
 # lists it (the kernel's resolved path: a planted symlink never appears there) and its directory is this
-# user's, mode 0700 and no link (stat without -L). Never a glob of BASE*, never `umount` through a link: an
-# unrelated mount another user points a link at stays (issue 21, F7). One text, for the launcher's cleanup
-# and the Slurm batch script's EXIT trap.
+# user's, mode 0700 and no link (stat without -L). Never an unmount of what a glob of BASE* found, never
+# `umount` through a link: an unrelated mount another user points a link at stays (issue 21, F7). One text,
+# for the launcher's cleanup and the Slurm batch script's EXIT trap.
 SWEEP_FN = r"""envport_sif_sweep() {
   local base=$1 esc point rest dir me
   local -a points=()
@@ -120,6 +120,12 @@ SWEEP_FN = r"""envport_sif_sweep() {
     dir=$base${rest%/rootfs}
     [ "$(stat -c %F:%u:%a -- "$dir" 2>/dev/null)" = "directory:$me:700" ] || continue
     { fusermount -u -- "$dir/rootfs" || umount -l -- "$dir/rootfs"; } 2>/dev/null
+  done
+  # The directories, also those a task killed outright left empty (auto_unmount took its mount): rmdir
+  # removes only an empty directory and never follows a link.
+  for dir in "$base"*; do
+    [[ ${dir#"$base"} =~ ^[A-Za-z0-9_]+$ ]] || continue
+    [ "$(stat -c %F:%u:%a -- "$dir" 2>/dev/null)" = "directory:$me:700" ] || continue
     rmdir -- "$dir/rootfs" "$dir" 2>/dev/null
   done
   return 0
