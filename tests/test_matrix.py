@@ -76,7 +76,7 @@ def test_docker_missing_from_path_makes_the_docker_pair_unrunnable_with_the_reas
     proc = subprocess.run([sys.executable, "-m", "envport", "-C", str(project), "matrix", "--env", "demo-cpu"],
                           capture_output=True, text=True, timeout=120, env=env)
     row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("demo-cpu docker "))
-    assert " no " in row and "runtime_missing" in row and "no docker client on PATH" in row, proc.stdout
+    assert " no " in row and "runtime_missing [" in row and "no docker client on PATH" in proc.stdout, proc.stdout
     assert "1 of 5 pair(s) runnable here" in proc.stdout
 
 

@@ -96,3 +96,32 @@ def test_build_check_records_nothing_and_an_interrupt_records_interrupted(projec
     records = _ledger(project, name, env)
     assert [(r["kind"], r["verdict"]) for r in records] == [("build", "interrupted")], records
     assert "SIGINT" in records[0]["summary"], records
+
+
+def test_matrix_prints_one_short_line_per_pair_and_each_fix_once(project):
+    table = run_envport("matrix", root=project, timeout=300, check=True).stdout
+    pairs = as_json(run_envport("matrix", "--json", root=project, timeout=300, check=True))["pairs"]
+    lines = table.splitlines()
+    rows = {ln.split("  ")[0].strip(): ln for ln in lines[1:1 + len(pairs)]}
+    assert sorted(rows) == sorted(p["label"] for p in pairs), table
+    notes = {int(m.group(1)): m.group(2) for m in (re.match(r"\[(\d+)\] (\w+): ", ln) for ln in lines) if m}
+    fixes = [ln.strip() for ln in lines if ln.startswith("    fix: ")]
+    assert len(fixes) == len(set(fixes)), table  # each distinct fix once
+    for p in pairs:
+        row = rows[p["label"]]
+        # The fix (never part of a reason cell) and the detail live below the table, not in the row.
+        assert len(row) <= 160 and "fix:" not in row, row
+        refs = [(reason, int(n)) for reason, n in re.findall(r"(\w+) \[(\d+)\]", row)]
+        unmet = [n for n in p["needs"] if n["ok"] is False]
+        assert [r for r, _ in refs] == [n["reason"] for n in unmet], (row, unmet)
+        for (reason, number), need in zip(refs, unmet):
+            assert notes[number] == reason, (row, notes)
+            if need.get("fix"):
+                assert f"    fix: {need['fix']}" in lines, need
+    # Every pair refused for the same fix points at the same note.
+    by_fix = {}
+    for p in pairs:
+        for n in (n for n in p["needs"] if n["ok"] is False and n.get("fix")):
+            by_fix.setdefault(n["fix"], set()).update(
+                int(x) for r, x in re.findall(r"(\w+) \[(\d+)\]", rows[p["label"]]) if r == n["reason"])
+    assert all(len(numbers) == 1 for numbers in by_fix.values()), by_fix

@@ -114,10 +114,30 @@ def _github(args, root: Path) -> int:
 # --- listing ---------------------------------------------------------------------
 
 
-def _needs_text(j) -> str:
+def _needs_text(j, notes: dict) -> str:
+    """One short cell: a runnable pair's needs by name; an unmet one as its reason token and note number."""
     if not j.runnable:
-        return j.why_not
-    return "; ".join(f"{n.what}: {n.detail}" for n in j.needs)
+        return ", ".join(f"{n.reason} [{_note(notes, n)}]" for n in j.needs if n.ok is False)
+    unchecked = [n.what for n in j.needs if n.ok is None]
+    return ", ".join(n.what for n in j.needs if n.ok) + (f"; not checked here: {', '.join(unchecked)}" if unchecked
+                                                         else "")
+
+
+def _note(notes: dict, need) -> int:
+    """The number of NEED's note; pairs with the same fix share one, so each fix is printed once."""
+    key = (need.reason, need.fix) if need.fix else (need.reason, need.what, need.detail)
+    number, needs = notes.setdefault(key, (len(notes) + 1, []))
+    needs.append(need)
+    return number
+
+
+def _note_text(number: int, needs: list) -> str:
+    """`[N] reason: what: detail` and its fix; a what or detail the sharing pairs differ in is left out
+    rather than shown as every pair's (`--json` has each pair's own)."""
+    first = needs[0]
+    said = [part for part in ({n.what for n in needs}, {n.detail for n in needs}) if len(part) == 1]
+    head = ": ".join([first.reason, *(next(iter(p)) for p in said)])
+    return f"[{number}] {head}" + (f"\n    fix: {first.fix}" if first.fix else "")
 
 
 def _list(args, judged) -> int:
@@ -130,12 +150,17 @@ def _list(args, judged) -> int:
                             data=j.to_dict()).to_dict() for j in judged]
         print_json(envelope("matrix", 0, steps=steps, pairs=[j.to_dict() for j in judged]))
         return 0
+    # One line per pair (30 pairs of 400-600 characters each repeated the same fix before): the reason
+    # token in the table, each distinct fix once below it (`--json` keeps every pair's full why_not).
+    notes: dict = {}
     width = max([len(j.pair.label) for j in judged] + [4])
-    print(f"{'PAIR':<{width}}  HERE  NEEDS (or why not)")
+    print(f"{'PAIR':<{width}}  HERE  NEEDS (or why not: reason [note])")
     for j in judged:
-        print(f"{j.pair.label:<{width}}  {'yes' if j.runnable else 'no':<4}  {_needs_text(j)}")
+        print(f"{j.pair.label:<{width}}  {'yes' if j.runnable else 'no':<4}  {_needs_text(j, notes)}")
     n = sum(j.runnable for j in judged)
     print(f"{n} of {len(judged)} pair(s) runnable here; `envport matrix --run` runs them")
+    for number, needs in notes.values():
+        print(_note_text(number, needs))
     return 0
 
 
