@@ -156,6 +156,7 @@ def validate(path: Path, schema: str) -> dict:
 # --- a whole run ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~2 minutes: the whole run, every witness on CPU
 def test_run_records_every_section(host, tmp_path):
     out = tmp_path / "out"
     proc = start(host, out)
@@ -203,6 +204,7 @@ def test_run_records_every_section(host, tmp_path):
 # --- killed: what comes back says where it stopped ----------------------------------------------
 
 
+@pytest.mark.slow  # about a minute in all: the last point waits for the collectives ranks
 @pytest.mark.parametrize("point", ["install", "doctor --json", "witness collectives"])
 def test_sigkill_leaves_a_record_that_says_where_it_stopped(host, tmp_path, point):
     """SIGKILL runs no trap: the record is what was appended before it, ending in the section begun."""
@@ -233,6 +235,7 @@ def test_sigkill_leaves_a_record_that_says_where_it_stopped(host, tmp_path, poin
         stop(proc)
 
 
+@pytest.mark.slow  # ~75 s: a 25 s section timeout, then the next witness's ranks
 def test_a_hang_costs_one_section_and_sigterm_closes_the_record(host, tmp_path):
     """A rank that hangs (the witness's test-only fault hang:1) costs its section: the section's timeout fires
     and the ranks it left in their own sessions are ended.  Then a kill at the command's time limit (SIGTERM
