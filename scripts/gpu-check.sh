@@ -61,9 +61,9 @@ prepare() {
     # Build from a copy: a wheel built in the checkout leaves build/ and egg-info behind.
     local src
     src="$(mktemp -d)"
-    trap 'rm -rf "$src"' RETURN
     (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$src"
     python3 -m pip wheel -q --no-deps -w "$WHL" "$src"
+    rm -rf "$src" || true  # a leftover scratch copy is no reason to fail
     # Every dependency, pure-Python ones included (the host's own may be too old: pydantic-core needs a
     # newer typing_extensions than 4.12), pinned to the versions this checkout's python has installed,
     # i.e. the ones its tests ran with, and resolved for the GPU host's python.
