@@ -1,4 +1,4 @@
-"""Shell commands (Dockerfile RUN, `.def` %post, install scripts) -> spec fields, words read with `shlex`.
+"""Shell commands (Dockerfile RUN, `.def` %post, install scripts) -> spec fields, words read as bash reads them.
 
 A command line is split at its top-level `&&` and `;`; each simple command
 is then either a package install that maps onto a field (apt -> system_pkgs,
@@ -19,6 +19,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from envport.porting.words import COMPUTED, strip_comments
+from envport.porting.words import split as split_words
 from envport.porting.pip_args import install_phase
 from envport.porting.report import DROPPED, KEPT, REPORTED, Draft, turned_into
 from envport.porting.requirements import PipContext
@@ -112,7 +114,7 @@ def split_top(text: str) -> tuple[list[str], str]:
         elif c in "'\"`":
             quote = c
             cur.append(c)
-        elif c == "(" or two == "$(":
+        elif c == "(":  # `$(` too: counted once, at its `(` (counting the `$` as well left depth 1 for good)
             depth += 1
             cur.append(c)
         elif c == ")":
@@ -155,6 +157,7 @@ def handle(text: str, line: Optional[int], ctx: ShellContext) -> None:
         if not noise:
             ctx.draft.add_run(text, line, ctx.file)
         return
+    text = strip_comments(text)  # a `#` comment is no command: its `;` and words are not split or read
     segments, whole = split_top(text)
     if whole:
         _keep(text.strip(), line, ctx, whole_because=whole)
@@ -273,7 +276,7 @@ def _strip_prefix(words: list[str], line, ctx: ShellContext) -> list[str]:
 def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
     """'keep', 'export' (an export: kept unless nothing follows it), or 'done' (mapped or dropped)."""
     try:
-        words = shlex.split(seg)
+        words = split_words(seg)
     except ValueError:
         ctx.note(line, seg, KEPT, "unbalanced quotes: shlex cannot split it into words")
         return "keep"
@@ -366,6 +369,11 @@ def _apt(words, seg, line, ctx) -> str:
     if sub != "install":
         return "keep"
     pkgs, bad, i, args = [], [], 1, words[1:]
+    computed = [w for w in args if "$" in w or COMPUTED.search(w)]
+    if computed:
+        ctx.note(line, seg, KEPT, f"a package name computed when the line runs ({computed[0]}): its value is unknown "
+                 "here, so the whole install stays a run command", "write the package names into system_pkgs")
+        return "keep"
     skip = False
     for j, w in enumerate(args):
         if skip:
@@ -425,6 +433,10 @@ def _pip(rest: list[str], words, seg, line, ctx: ShellContext) -> str:
         opts.append(rest[0])
         rest = rest[1:]
     sub = rest[0] if rest else ""
+    if sub == "install" and any(COMPUTED.search(w) for w in rest):
+        ctx.note(line, seg, KEPT, "a requirement computed when the line runs (`$(…)`, a backtick): its value is "
+                 "unknown here, so the pip call stays a run command", "write the requirements into pip_phases")
+        return "keep"
     if sub == "install":
         if posixpath.basename(words[0]) == "uv":
             ctx.note(line, seg, turned_into("a pip phase"), "uv's resolver may choose other versions than pip's "
