@@ -127,6 +127,21 @@ def test_f2_a_parent_another_user_can_rename_is_refused(project, shared_tmp):
     assert f"{shared_tmp} (a parent of the envs dir" in step["detail"] and "uid 65534" in step["detail"], step
 
 
+def test_f2_a_tools_dir_another_user_made_is_refused_and_its_planted_uv_never_runs(project, shared_tmp, tmp_path):
+    from envport.plan.steps import UV_VERSION
+
+    write_spec(project, NAME)
+    site = write_site(project, "uv", installer="uv")
+    mark = Path(f"{shared_tmp}-ran")
+    as_other_user('mkdir -p -m 0755 "$1/uv-$2/bin"; printf \'#!/bin/sh\\necho planted > "%s"\\n\' "$3" > "$1/uv-$2/bin/uv"; '
+                  'chmod 0755 "$1/uv-$2/bin/uv"', str(shared_tmp / "tools"), UV_VERSION, str(mark))
+    proc = run_envport("build", NAME, "--target", "venv", "--site", site, "--json", root=project, timeout=300,
+                       env=cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs"), ENVPORT_TOOLS_DIR=str(shared_tmp / "tools")))
+    step = as_json(proc)["steps"][-1]
+    assert not mark.exists(), "root ran the uv another user planted"
+    assert proc.returncode == 3 and step["reason"] == "tools_dir_unsafe" and "uid 65534" in step["detail"], step
+
+
 def test_f2_a_new_envs_dir_is_made_0700(project, tmp_path):
     write_spec(project, NAME, pip_phases=[])
     envs = tmp_path / "deep" / "envs"
