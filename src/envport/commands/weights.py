@@ -10,13 +10,16 @@ def register(sub) -> None:
     p = sub.add_parser("weights", help="verify, fetch or stage an env's weights (size + sha256 of every pinned file)",
                        description="verify: every file weight_dirs declares is present under the weights root "
                        "(<root>/<env>/<weight>/), at its size and its sha256 (every byte read; large files print "
-                       "progress); present, or REFUSED naming each file off its pin with both digests. fetch: "
+                       "progress); present, or REFUSED naming each file off its pin with both digests (a file that is a symlink "
+                       "leaving its weight folder is off its pin; a folder others can write is a warning naming its "
+                       "mode). fetch: "
                        "verify, then run each weight's own `source` command (in specs/, the weight's env var and "
                        "ENVPORT_WEIGHT_DIR pointed at its folder, the env's interpreter first on PATH) where files "
                        "are absent, then verify again; exit 3 from the command is REFUSED with its own words, "
                        "other non-zero FAILED. Nothing is ever deleted: a file off its pin is left in place and "
                        "the fix says to remove it by hand. A gated weight needs its auth_hint token in the "
-                       "environment; it is passed to the command and written nowhere. stage --host H: copy "
+                       "environment; it is passed to the command, and every weight's token is masked (***) in "
+                       "all envport prints or records. stage --host H: copy "
                        "verified weights to ~/.envport/weights/<env>/ on an SSH host.")
     p.add_argument("action", choices=("verify", "fetch", "stage"))
     p.add_argument("spec", metavar="NAME|PATH")
