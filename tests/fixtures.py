@@ -13,6 +13,13 @@ The real services (docker_client, base_image, slurm, ssh_host) come from tests/s
   (SSH_ENVS_DIR.XXXXXX, made on the host and removed afterwards): really built over SSH every session.
 - ``throwaway_images``: names whose images a test creates; removed afterwards.
 
+The contract of the shared ones (session_project, demo_image, local_venv, ssh_venv; tests/README.md
+"The shared session fixtures' contract"): a test reads and runs them (inspect, verify, witness, freeze,
+containers from the image, a rebuild that must say `present`) and never changes them (no install into
+the venv, no removing or re-tagging the image, no edit of session_project's specs or sites): every
+other test of the run sees them as built. A test that must mutate an env builds its own small one
+(tests/support.py write_spec in its `project`) or copies the shared one first.
+
 The local env folder (LOCAL_ENVS_DIR) lives outside the checkout under /var/tmp and is kept
 between sessions: a build whose hash matches reports `present` in about a second.
 """
