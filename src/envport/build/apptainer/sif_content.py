@@ -133,8 +133,12 @@ def expected_distributions(plan) -> dict[str, str]:
     return want
 
 
-def judge(content: Content, plan, python: str) -> tuple[list[str], str]:
-    """(what differs from the spec and lock, one line of what the content shows)."""
+VENV_SEEDS = ("pip", "setuptools", "wheel")  # what `python -m venv` itself installs, never in a lock
+
+
+def judge(content: Content, plan, python: str) -> tuple[list[str], str, list[str]]:
+    """(what differs from the spec and lock, one line of what the content shows, the distributions a lock
+    does not name).  A locked env holds nothing else: an extra distribution is a difference."""
     want = expected_distributions(plan)
     at_lock = [n for n, v in want.items() if content.distributions.get(n) == v]
     problems = []
@@ -146,11 +150,14 @@ def judge(content: Content, plan, python: str) -> tuple[list[str], str]:
         have = content.distributions.get(name)
         if have != want[name]:
             problems.append(f"{name} {have or 'absent'}, the lock says {want[name]}")
+    extra = sorted(f"{n} {v}" for n, v in content.distributions.items() if n not in want and n not in VENV_SEEDS)
+    if extra and any(getattr(s, "locked", ()) for s in plan.steps):
+        problems.append(f"not in the lock: {', '.join(extra[:12])}" + (f" (+{len(extra) - 12})" if len(extra) > 12 else ""))
     if content.labels is None:
         problems.append(f"no {LABELS} in the image")
     py = f"python {content.python}" if content.python else "no python"
     shows = f"{py}, {len(at_lock)}/{len(want)} distributions at the {'lock' if want else 'spec'}"
-    return problems, shows
+    return problems, shows, extra
 
 
 # --- the bytes ---------------------------------------------------------------------------------------------
@@ -221,7 +228,7 @@ def content_matches(sif: str, hash_: str, plan, python: str) -> tuple[bool, str]
         return False, f"[{exc.reason}] {exc.message}"
     if (content.labels or {}).get("envport.hash") != hash_:
         return False, "the image's own labels do not carry envport.hash=" + hash_[:12]
-    problems, _ = judge(content, plan, python)
+    problems, _, _ = judge(content, plan, python)
     if problems:
         return False, "content: " + problems[0]
     if content.risk_count:
