@@ -6,10 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/envport ]; then
-    echo "== installing envport into .venv"
-    python3 -m venv .venv
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+# The build extra: verify and up need pytest and testinfra, import dockerfile-parse, docker the SDK;
+# just (PyPI's rust-just) runs the Justfile. A .venv from an older quickstart without them is completed.
+if [ ! -x .venv/bin/envport ] || [ ! -x .venv/bin/just ] || ! .venv/bin/python -c 'import testinfra, docker' 2>/dev/null; then
+    echo "== installing envport with its build extra, and just (rust-just), into .venv"
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[build]' 'rust-just>=1.30'
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== validating specs and checking images/ against them"

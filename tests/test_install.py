@@ -136,3 +136,19 @@ def test_a_missing_build_extra_is_named_not_mistaken_for_a_stopped_engine(instal
     step = json.loads(proc.stdout)["steps"][-1]
     assert step["reason"] == "missing_extra", step
     assert "pip install 'envport[build]'" in step["detail"] and "docker" in step["detail"]
+
+
+def test_verify_and_up_without_the_build_extra_refuse_in_one_line(installed):
+    """Issue 27 row 1: `verify`/`up` after a plain install were a ModuleNotFoundError traceback (up mid-table)."""
+    shutil.copytree(REPO / "sites", installed["project"] / "sites", dirs_exist_ok=True)
+    python = str(installed["bin"] / "python")
+    for argv, step in ((["verify", "demo-cpu", "--target", "venv"], "verify demo-cpu"),
+                       (["up", "demo-cpu", "--target", "venv"], "preflight")):
+        proc = subprocess.run([str(installed["bin"] / "envport"), *argv], cwd=installed["project"],
+                              env=installed["env"], capture_output=True, text=True, timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 3 and "Traceback" not in out, out
+        refused = [ln for ln in out.splitlines() if "[missing_extra]" in ln]
+        assert len(refused) == 1 and step in refused[0], out
+        # The pip command names the interpreter that refused, so the extra lands in this envport.
+        assert f"{python} -m pip install 'envport[build]'" in refused[0] and "'pytest'" in refused[0], out

@@ -6,11 +6,13 @@ Each test runs the real CLI on a copy of the project (tests/fixtures.py `project
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from .support import as_json, cli_env, run_envport, unique, write_spec
+from .support import REPO, as_json, cli_env, copy_tracked, missing, run_envport, unique, write_spec
 
 WORKFLOW = ".github/workflows/envs.yml"
 
@@ -125,3 +127,29 @@ def test_matrix_prints_one_short_line_per_pair_and_each_fix_once(project):
             by_fix.setdefault(n["fix"], set()).update(
                 int(x) for r, x in re.findall(r"(\w+) \[(\d+)\]", rows[p["label"]]) if r == n["reason"])
     assert all(len(numbers) == 1 for numbers in by_fix.values()), by_fix
+
+
+def _just() -> str:
+    just = shutil.which("just")
+    if just is None:
+        missing("just is not installed (PyPI's rust-just: `pip install rust-just`; scripts/demo.sh installs it)")
+    return just
+
+
+def test_just_runs_this_checkouts_envport_or_refuses_in_two_lines(tmp_path):
+    just = _just()
+    which = subprocess.run([just, "which"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert which.returncode == 0, which.stdout + which.stderr
+    command = which.stdout.strip()
+    if command != f"{REPO}/.venv/bin/envport":
+        python = command.removesuffix(" -m envport")
+        where = subprocess.run([python, "-c", "import envport; print(envport.__file__)"], capture_output=True,
+                               text=True, timeout=60).stdout.strip()
+        assert Path(where).resolve().is_relative_to(REPO / "src"), (command, where)
+    # A clone with no envport of its own, where python3 imports another checkout's: refused, not run.
+    clone = copy_tracked(tmp_path / "clone")
+    proc = subprocess.run([just, "build", "demo-cpu", "--target", "venv"], cwd=clone, capture_output=True,
+                          text=True, timeout=60)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode != 0 and len(lines) <= 2, lines
+    assert "has no envport installed" in lines[0] and "run: bash scripts/demo.sh" in lines[0], lines

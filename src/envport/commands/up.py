@@ -149,8 +149,13 @@ def _parsed(command, name: str, *argv: str) -> argparse.Namespace:
 
 def _preflight(ctx):
     from envport.build.preflight import DEFAULT_MARGIN_GB, Context, preflight
+    from envport.core.extras import VERIFY_MODULES, refusal
     from envport.report import ledger
 
+    # Refused before the build, not as a traceback from the verify step once the env is built.
+    missing = refusal("preflight", VERIFY_MODULES)
+    if missing is not None:
+        return missing
     args, spec = ctx["args"], ctx["loaded"].spec
     size = None
     try:

@@ -44,6 +44,10 @@ def run(args) -> int:
 
     root = project_root(args)
     loaded = load_one(args, args.spec)
+    from envport.core.extras import VERIFY_MODULES, refusal
+    missing = refusal(f"verify {loaded.spec.name}", VERIFY_MODULES)
+    if missing is not None:  # nothing ran, so nothing is recorded
+        return report([missing], args.json, command="verify")
     site = unlocked(load_site(args.site, root), args.no_lock)
     junit = Path(args.junit).resolve() if args.junit else None
     if args.target == "apptainer":

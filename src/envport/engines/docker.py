@@ -25,12 +25,11 @@ from envport.core.proc import dies_with_parent
 from envport.core.verdict import StepResult, Verdict
 
 
-MISSING_EXTRA_FIX = "install envport's build extra: pip install 'envport[build]'"
-
-
 def missing_extra(step: str, module: str) -> StepResult:
-    return StepResult(step, Verdict.REFUSED, f"the Python package {module!r} is not installed (envport was "
-                      f"installed without its `build` extra); {MISSING_EXTRA_FIX}", reason="missing_extra")
+    from envport.core.extras import refusal
+
+    return refusal(step, (module,)) or StepResult(step, Verdict.REFUSED, f"{module!r} did not import",
+                                                   reason="missing_extra")
 
 
 # Clients that may run BuildKit, in order; ENVPORT_DOCKER_CLI overrides (tests use it to
