@@ -26,6 +26,10 @@ setup:
 render *args:
     @{{envport}} render --all "$@"
 
+# Lint the tree with ruff (rules in pyproject.toml's [tool.ruff]; .ci/run runs the same check).
+lint:
+    ruff check .
+
 # Fail if images/ or docs/spec.schema.json drifted from the specs.
 check:
     @{{envport}} validate --all

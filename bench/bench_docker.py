@@ -53,8 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from envport import __version__  # noqa: E402
-from envport.build.docker import builder as builder  # noqa: E402
-from envport.build.docker import context as docker_context  # noqa: E402
+from envport.builders.docker import builder as builder  # noqa: E402
+from envport.builders.docker import context as docker_context  # noqa: E402
 from envport.engines import docker as engine  # noqa: E402
 from envport.recipe.identity import content_hash  # noqa: E402
 from envport.spec.loader import load_spec  # noqa: E402

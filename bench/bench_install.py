@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 from envport import __version__  # noqa: E402
-from envport.build.tools import ensure_uv  # noqa: E402
+from envport.builders.tools import ensure_uv  # noqa: E402
 from envport.core.progress import quiet  # noqa: E402
 from envport.engines import docker as engine  # noqa: E402
 from envport.plan.lock import load_for  # noqa: E402

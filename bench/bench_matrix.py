@@ -41,7 +41,7 @@ def matrix(root: Path, env: dict, name: str, targets: str, jobs: int, tag: str) 
     try:
         out = json.loads(proc.stdout)
     except ValueError:
-        raise SystemExit(f"matrix --jobs {jobs} gave no JSON (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"matrix --jobs {jobs} gave no JSON (exit {proc.returncode}):\n{proc.stderr[-3000:]}") from None
     if proc.returncode != 0:
         print(summary.read_text() if summary.exists() else proc.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"matrix --jobs {jobs} exited {proc.returncode}")

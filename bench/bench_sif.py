@@ -105,7 +105,7 @@ def bench_present(spec: str, root: Path, repeat: int) -> dict:
     for a SIF in a shared sif_dir) and `envport inspect` of the same SIF, alternating --repeat times."""
     sif = built(spec, "apptainer", root)[1]["data"]["sif"]
     sys.path.insert(0, str(REPO / "src"))
-    from envport.build.apptainer import builder, sif_content
+    from envport.builders.apptainer import builder, sif_content
     from envport.core.progress import quiet
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve

@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from envport.witness.launchers.docker import DockerLauncher  # noqa: E402
 
-from envport.witness.launchers.local import LocalLauncher
+from envport.witness.launchers.local import LocalLauncher  # noqa: E402
 from envport.engines.docker import engine_problem, image_exists  # noqa: E402
 from envport.spec.model import Spec  # noqa: E402
 from envport.witness.run import WitnessOptions, run_witnesses  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.apptainer.post_runner import remove_rootfs
+from envport.builders.apptainer.post_runner import remove_rootfs
 
 from .support import missing
 

@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def demo_weights():
     """demo-cpu's pinned weight under ENVPORT_WEIGHTS_DIR (0.1 s: a seeded 4 KiB file), before any test runs."""
-    from envport.build.weights import fetch, weights_root
+    from envport.builders.weights import fetch, weights_root
     from envport.spec.loader import load_spec
 
     from .support import ENV_NAME, REPO

@@ -8,7 +8,7 @@ an empty envs dir (cached by the env's hash, so a spec seen before is not built 
 fresh build fails (a resolve conflict, a moved pin) must fail the same way on the long-lived env,
 and leave that env as the last good spec made it.
 
-The builder is called in-process (`envport.build.shell.build`: what `envport build` calls), which
+The builder is called in-process (`envport.builders.shell.build`: what `envport build` calls), which
 saves the CLI's start-up per build; tests/test_shell_build.py runs the CLI itself.
 """
 
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envport.build import shell
+from envport.builders import shell
 from envport.plan.site import load_site
 from envport.recipe.identity import resolve
 from envport.spec.loader import load_spec

@@ -1,4 +1,4 @@
-"""envport.build.apptainer.deffile: every rendered .def parses; hand-written edge cases say the line."""
+"""envport.builders.apptainer.deffile: every rendered .def parses; hand-written edge cases say the line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.apptainer.deffile import DefError, FileCopy, match_step, parse_def
+from envport.builders.apptainer.deffile import DefError, match_step, parse_def
 
 from .support import REPO
 

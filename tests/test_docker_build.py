@@ -15,10 +15,9 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from envport.engines import docker as docker_engine
-from envport.build.docker.log import BuildkitLog, instruction_steps
+from envport.builders.docker.log import BuildkitLog, instruction_steps
 
 from .support import as_json, missing, run_envport, tags_of, unique, write_site, write_spec
 

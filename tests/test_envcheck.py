@@ -1,4 +1,4 @@
-"""renderers/envcheck.py and build/pins.py: what an env has, and whether the spec's pins hold.
+"""renderers/envcheck.py and builders/pins.py: what an env has, and whether the spec's pins hold.
 
 Pure functions on {distribution: version}, plus the scan itself run in a real venv with real installs
 of small local wheels (tests/tinywheels.py).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.build import pins
+from envport.builders import pins
 from envport.plan.steps import make_plan
 from envport.renderers import envcheck
 from envport.renderers.shell import ENVCHECK_SOURCE

@@ -81,10 +81,10 @@ def test_the_json_answer_is_the_verdict_modules_json(demo_image, capsys):
 def present_sif(tmp_path):
     """A project whose demo-cpu SIF exists at its identity path with its hash in the labels, and which the full
     path has already answered once (so the identity is remembered). The partition is a stub: `present` takes
-    the file on this machine's build record alone (build/apptainer/sif_record.py, written here as the
+    the file on this machine's build record alone (builders/apptainer/sif_record.py, written here as the
     builder writes it), never reading the squashfs."""
-    from envport.build.apptainer.builder import sif_path
-    from envport.build.apptainer.singularity_d import inspect_metadata
+    from envport.builders.apptainer.builder import sif_path
+    from envport.builders.apptainer.singularity_d import inspect_metadata
     from envport.engines.sif import write_sif
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
@@ -101,7 +101,7 @@ def present_sif(tmp_path):
     write_sif(sif, deffile=b"Bootstrap: docker\n", squashfs_path=squashfs, created=0, uuid=bytes(16),
               inspect_metadata=inspect_metadata(deffile="Bootstrap: docker", environment={},
                                                 labels={"envport.hash": resolved.hash, "envport.name": "demo-cpu"}))
-    from envport.build.apptainer import sif_content, sif_record
+    from envport.builders.apptainer import sif_content, sif_record
     from envport.engines.sif import read_sif
 
     sif_record.write(str(sif), resolved.hash, "0" * 64, sif_content.layout(read_sif(sif)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from envport.build import shell
+from envport.builders import shell
 from envport.plan.site import load_site
 from envport.recipe.identity import portable, resolve
 from envport.recipe.render import render_plan

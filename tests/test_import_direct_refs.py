@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.lock import hash_mismatches, normalize_freeze
+from envport.builders.lock import hash_mismatches, normalize_freeze
 from envport.plan.lock import LockError, load_for, parse, write_text
 from envport.report.parity import parse_freeze
 from envport.spec.model import PipPhase, direct_ref, requirement_warnings

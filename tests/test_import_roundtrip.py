@@ -62,7 +62,7 @@ def test_rendered_recipe_imports_to_the_same_plan(name: str, recipe: str, tmp_pa
     loaded = load_spec(name, ROOT)
     rendering = render_spec(loaded, ("docker", "apptainer"))
     context = tmp_path / "context"
-    for rel, (data, mode) in rendering.files.items():
+    for rel, (data, _mode) in rendering.files.items():
         (context / rel).parent.mkdir(parents=True, exist_ok=True)
         (context / rel).write_bytes(data)
     project = tmp_path / "project"

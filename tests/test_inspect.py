@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envport.build.apptainer.singularity_d import inspect_metadata
+from envport.builders.apptainer.singularity_d import inspect_metadata
 from envport.engines.sif import DESCRIPTOR, DESCRIPTORS_OFFSET, read_sif, write_sif
 
 from .sif_fixtures import BuiltSif

@@ -25,7 +25,7 @@ LAYERS = [
     "recipe",
     "engines",
     "sif",         # the SIF format: signatures (DSSE, PGP) over engines/sif.py reader
-    "build",
+    "builders",
     "verify",
     "witness",
     "report",

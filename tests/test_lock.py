@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.lock import check_spec, hash_mismatches, lock_spec, normalize_freeze
-from envport.build.wheelhouse import ensure_wheelhouse
+from envport.builders.lock import check_spec, hash_mismatches, lock_spec, normalize_freeze
+from envport.builders.wheelhouse import ensure_wheelhouse
 from envport.core.verdict import Verdict
 from envport.plan.lock import (LockError, lock_path, load_for, parse, problems, stale, this_platform,
                                write_text)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.lock import lock_spec, normalize_freeze
+from envport.builders.lock import lock_spec, normalize_freeze
 from envport.core.verdict import Verdict
 from envport.plan.lock import load_for
 from envport.plan.site import Site

@@ -1,4 +1,4 @@
-"""envport.build.apptainer.post_runner: %files then %post inside a real rootfs, and nothing left behind.
+"""envport.builders.apptainer.post_runner: %files then %post inside a real rootfs, and nothing left behind.
 
 Needs root, `bwrap` (Debian package bubblewrap) and the docker engine with the
 base image (tests/apptainer_rootfs.py exports its rootfs); each test skips with
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.apptainer.deffile import parse_def
-from envport.build.apptainer.post_runner import (RunnerError, copy_files, mounts_under, remove_rootfs,
+from envport.builders.apptainer.deffile import parse_def
+from envport.builders.apptainer.post_runner import (RunnerError, copy_files, mounts_under, remove_rootfs,
                                                  resolve_in_root, run_post)
-from envport.build.apptainer.singularity_d import prepare_rootfs
+from envport.builders.apptainer.singularity_d import prepare_rootfs
 
 
 # The rootfs, image_config and base_rootfs_tar fixtures (docker base image exported).
@@ -179,8 +179,8 @@ def test_timeout_kills_post(rootfs: Path):
 
 def test_sigkill_of_the_builder_leaves_no_process_and_no_mount(rootfs: Path):
     code = textwrap.dedent(f"""
-        from envport.build.apptainer.deffile import parse_def
-        from envport.build.apptainer.post_runner import run_post
+        from envport.builders.apptainer.deffile import parse_def
+        from envport.builders.apptainer.post_runner import run_post
         d = parse_def("Bootstrap: docker\\nFrom: x\\n%post\\n    echo started\\n"
                       "    sleep 300 & sleep 301\\n    wait\\n", "t.def")
         run_post(d, {str(rootfs)!r}, on_line=lambda line: print(line, flush=True))

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from envport.build.preflight import Context, check_compiler, preflight
+from envport.builders.preflight import Context, check_compiler, preflight
 from envport.core.verdict import Verdict
 from envport.spec.loader import load_spec
 
@@ -29,7 +29,7 @@ def test_a_fake_low_disk_threshold_refuses_with_the_fix(tmp_path):
 
 
 def test_only_the_weights_not_yet_on_disk_count_toward_the_estimate(tmp_path):
-    from envport.build.weights import missing_bytes
+    from envport.builders.weights import missing_bytes
 
     spec = _demo()
     assert missing_bytes(spec, tmp_path) == 4096

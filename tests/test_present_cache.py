@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from envport.build.docker import present as present_cache
+from envport.builders.docker import present as present_cache
 
 from .support import as_json, copy_project, run_envport
 
@@ -61,13 +61,13 @@ def test_unreachable_engine_is_a_miss(project, labelled_image, monkeypatch):
     assert present_cache.present(project, "demo-cpu", None) is None
 
 
-# --- what the remembered identity depends on (build/present_cache.py), for every target ---------------------
+# --- what the remembered identity depends on (builders/present_cache.py), for every target ---------------------
 
 
 @pytest.fixture
 def own_code(tmp_path, monkeypatch):
     """envport's code as the digest sees it, in a copy this test may edit."""
-    from envport.build import present_cache as cache
+    from envport.builders import present_cache as cache
 
     code = tmp_path / "envport-code"
     (code / "renderers").mkdir(parents=True)
@@ -79,7 +79,7 @@ def own_code(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("target", ["docker", "apptainer"])
 def test_any_input_change_forgets_the_identity(project, own_code, target, tmp_path, monkeypatch):
-    from envport.build import present_cache as cache
+    from envport.builders import present_cache as cache
 
     ca = tmp_path / "ca.pem"
     ca.write_text("one CA\n")
@@ -112,7 +112,7 @@ def test_any_input_change_forgets_the_identity(project, own_code, target, tmp_pa
 
 
 def test_a_damaged_record_is_a_miss(project, own_code):
-    from envport.build import present_cache as cache
+    from envport.builders import present_cache as cache
 
     cache.remember(project, "demo-cpu", None, "docker", "a" * 64, "envport/demo-cpu:aaaaaaaaaaaa")
     record = project / cache.CACHE_DIR / "demo-cpu--local--docker"
@@ -132,7 +132,7 @@ def test_the_builders_present_asks_the_engine_socket_first(labelled_image):
     carries the hash and its :latest tag; otherwise the SDK path decides (and tags :latest)."""
     from types import SimpleNamespace
 
-    from envport.build.docker.builder import _present_by_socket, repo
+    from envport.builders.docker.builder import _present_by_socket, repo
 
     tag, hash_ = labelled_image
     identity = SimpleNamespace(image_tag=tag, name=f"present-cache-{hash_[:8]}")
@@ -154,8 +154,8 @@ def test_the_builders_present_asks_the_engine_socket_first(labelled_image):
 
 def _labelled_stub(root, name: str, tmp_path):
     """A SIF at NAME's identity path carrying its hash in inspect-metadata.json over a stub partition."""
-    from envport.build.apptainer.builder import sif_path
-    from envport.build.apptainer.singularity_d import inspect_metadata
+    from envport.builders.apptainer.builder import sif_path
+    from envport.builders.apptainer.singularity_d import inspect_metadata
     from envport.engines.sif import write_sif
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
@@ -174,9 +174,9 @@ def _labelled_stub(root, name: str, tmp_path):
 
 def test_a_labelled_sif_this_machine_did_not_build_is_not_present(sif_project, tmp_path):
     """Neither the no-op shortcut nor the full path takes it; the build says why and builds the real one."""
-    from envport.build import present_cache as cache
-    from envport.build.apptainer import sif_record
-    from envport.build.apptainer.builder import present
+    from envport.builders import present_cache as cache
+    from envport.builders.apptainer import sif_record
+    from envport.builders.apptainer.builder import present
     from envport.commands.fast import fast_argv
 
     from .sif_fixtures import require_sif_tools, sif_env
@@ -206,8 +206,8 @@ def test_a_labelled_sif_this_machine_did_not_build_is_not_present(sif_project, t
 def test_a_copy_of_a_real_sif_is_present_after_its_content_was_checked(tiny_sif, tmp_path):
     """A file built elsewhere (here: copied to a new path, so no record names it) is present once its own
     partition was read and found to be the env; then it is recorded, and the next answer is one stat."""
-    from envport.build.apptainer import sif_record
-    from envport.build.apptainer.builder import present
+    from envport.builders.apptainer import sif_record
+    from envport.builders.apptainer.builder import present
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.spec.loader import load_spec

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from envport.core.proc import dies_with_parent, run
+from envport.core.proc import run
 
 PARENT = """
 import subprocess, sys, signal

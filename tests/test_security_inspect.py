@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.apptainer.builder import SPEC_OBJECT
-from envport.build.apptainer.singularity_d import inspect_metadata
+from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.builders.apptainer.singularity_d import inspect_metadata
 from envport.engines.sif import DATA_GENERIC_JSON, read_json_object, read_object, read_sif, write_sif
 
 from .sif_fixtures import BuiltSif

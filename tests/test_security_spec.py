@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.apptainer.deffile import parse_def
+from envport.builders.apptainer.deffile import parse_def
 
 from .support import run_envport, write_spec
 

@@ -8,7 +8,6 @@ SIF library `apptainer sign` uses; SIF-TRUST.md) and SIFs envport's `.def` build
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess

@@ -1,4 +1,4 @@
-"""envport.build.apptainer.singularity_d: the /.singularity.d tree and inspect-metadata.json.
+"""envport.builders.apptainer.singularity_d: the /.singularity.d tree and inspect-metadata.json.
 
 Exact-output tests need nothing. The end-to-end ones run the written
 `actions/exec` inside the docker base image's exported rootfs, with `chroot`
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envport.build.apptainer import singularity_d as sd
-from envport.build.apptainer.deffile import parse_def
+from envport.builders.apptainer import singularity_d as sd
+from envport.builders.apptainer.deffile import parse_def
 
 from .support import REPO
 

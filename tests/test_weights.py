@@ -149,7 +149,7 @@ def test_gated_token_reaches_the_command_and_nothing_envport_writes(project, wro
 
 def test_a_large_file_prints_a_progress_line_while_it_is_hashed(tmp_path, monkeypatch):
     # The threshold and chunk made small (the real ones: 256 MiB and 4 MiB), the hashing itself real.
-    from envport.build import weights
+    from envport.builders import weights
 
     monkeypatch.setattr(weights, "PROGRESS_BYTES", 2**20)
     monkeypatch.setattr(weights, "CHUNK", 2**19)

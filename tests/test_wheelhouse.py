@@ -7,7 +7,7 @@ import json
 from envport.spec.loader import load_spec
 from envport.plan.site import Site
 from envport.core.verdict import Verdict
-from envport.build.wheelhouse import MANIFEST, ensure_wheelhouse
+from envport.builders.wheelhouse import MANIFEST, ensure_wheelhouse
 
 SPEC = """\
 name: tiny

@@ -100,7 +100,7 @@ def load_selected(args: argparse.Namespace) -> list:
 
 
 def load_one(args: argparse.Namespace, ref: str):
-    from envport.build.weights import guard_secrets
+    from envport.builders.weights import guard_secrets
     from envport.spec.loader import load_spec
     root = project_root(args) if not ref.endswith((".yaml", ".yml")) else None
     loaded = load_spec(ref, root)

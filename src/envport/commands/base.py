@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envport.build.base_image import RECIPES, build_base
+from envport.builders.base_image import RECIPES, build_base
 from envport.core.progress import stderr_progress
 from envport.core.verdict import report
 

@@ -54,7 +54,7 @@ def register(sub) -> None:
 
 
 def _fast_present(args) -> int | None:
-    """Docker or SIF `present` without loading the spec (commands/fast.py, build/*/present.py)."""
+    """Docker or SIF `present` without loading the spec (commands/fast.py, builders/*/present.py)."""
     from envport.commands.fast import TARGETS, answer
 
     if args.target not in TARGETS or args.rebuild or args.no_cache or args.no_lock or args.from_docker or args.sign:
@@ -130,16 +130,16 @@ def _rememberable(args, loaded) -> bool:
 
 def _build(args, loaded, site, root, identity, progress):
     if args.target == "docker":
-        from envport.build.docker import builder as docker
-        from envport.build.docker.present import remember
+        from envport.builders.docker import builder as docker
+        from envport.builders.docker.present import remember
 
         results = docker.build(loaded, site, root, rebuild=args.rebuild, no_cache=args.no_cache, progress=progress)
         if results[-1].verdict.ok and _rememberable(args, loaded):
             remember(root, loaded.spec.name, args.site, identity.hash, identity.image_tag)
         return results
     if args.target == "apptainer":
-        from envport.build.apptainer import builder as apptainer
-        from envport.build.present_cache import remember
+        from envport.builders.apptainer import builder as apptainer
+        from envport.builders.present_cache import remember
 
         results = apptainer.build(loaded, site, root, rebuild=args.rebuild, from_docker=args.from_docker,
                                   progress=progress)
@@ -147,7 +147,7 @@ def _build(args, loaded, site, root, identity, progress):
             remember(root, loaded.spec.name, args.site, apptainer.TARGET, identity.hash,
                      os.path.abspath(results[-1].data["sif"]))  # the path as the full path prints it
         return results
-    from envport.build import shell
+    from envport.builders import shell
 
     return shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,
                        check=args.check, install_system_pkgs=args.install_system_pkgs, progress=progress)

@@ -3,10 +3,10 @@
 A no-op docker build has to be well ahead of BuildKit's own fully cached
 build (~0.09 s here), a no-op SIF build under 0.1 s, and the interpreter
 alone takes ~0.035 s to start, so this path imports only os, the built-in
-blake2b and the C json scanner (build/present_cache.py, core/cjson.py), then
-`_socket` (build/docker/present.py, engines/docker_socket.py); a SIF is
+blake2b and the C json scanner (builders/present_cache.py, core/cjson.py), then
+`_socket` (builders/docker/present.py, engines/docker_socket.py); a SIF is
 taken only while its stat is what this machine's build recorded
-(build/apptainer/sif_record.py: one stat, no read of the file): no argparse, no json
+(builders/apptainer/sif_record.py: one stat, no read of the file): no argparse, no json
 module (but for `--json` output), no pathlib, no other command module, not
 even the verdict module (its line and its `--json` shape are written here;
 tests/test_fast_argv.py holds them equal to what core/verdict prints).
@@ -51,7 +51,7 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
     if not os.path.isfile(os.path.join(base, "specs", f"{spec}.yaml")):
         return None  # not at the project root: the full path finds it
     if target == "docker":
-        from envport.build.docker.present import present
+        from envport.builders.docker.present import present
 
         hit = present(base, spec, site)
         if hit is None:
@@ -59,13 +59,13 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
         step, detail = f"image {hit['tag']}", f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)"
         data = {"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]}
     else:
-        from envport.build import present_cache
+        from envport.builders import present_cache
 
         # Only the file this machine's build wrote, untouched since (its recorded stat): never a label.
         hit = present_cache.checked(base, spec, site, target, _recorded_sif)
         if hit is None:
             return None
-        size = hit["size"]  # as build/apptainer/builder.py words it
+        size = hit["size"]  # as builders/apptainer/builder.py words it
         step, detail = f"sif {os.path.basename(hit['sif'])}", \
             f"{hit['sif']} ({f'{size / 1e9:.2f} GB' if size >= 1e9 else f'{size / 1e6:.0f} MB'})"
         data = {"sif": hit["sif"], "size": size, "route": "present", "checked": "build record"}
@@ -84,7 +84,7 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
 
 
 def _recorded_sif(hash_: str, sif: str) -> dict | None:
-    from envport.build.apptainer import sif_record
+    from envport.builders.apptainer import sif_record
 
     if not sif_record.unchanged(sif, hash_):
         return None

@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.build.apptainer.sif_inspect import failure, not_envport, read_report, verdict
+    from envport.builders.apptainer.sif_inspect import failure, not_envport, read_report, verdict
     from envport.core.verdict import exit_code
 
     path = Path(args.sif)
@@ -61,7 +61,7 @@ def run(args) -> int:
 
 
 def _compare(args, report):
-    from envport.build.apptainer.sif_inspect import compare, embedded_site
+    from envport.builders.apptainer.sif_inspect import compare, embedded_site
     from envport.core.errors import EnvportError
     from envport.core.verdict import StepResult, Verdict
     from envport.plan.site import DEFAULT_SITE, load_site

@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.build.lock import check_spec, lock_spec
+    from envport.builders.lock import check_spec, lock_spec
     from envport.core.progress import stderr_progress
     from envport.core.verdict import StepResult, Verdict, report
     from envport.plan.lock import lock_path

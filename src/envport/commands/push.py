@@ -55,7 +55,7 @@ def run(args) -> int:
     if args.target == "docker":
         result = _push_image(identity, ref, tags, loaded.spec.name)
     else:
-        from envport.build.apptainer.builder import sif_path
+        from envport.builders.apptainer.builder import sif_path
 
         sif = Path(args.sif) if args.sif else sif_path(site, root, identity)
         result = _push_sif(sif, ref, tags, site.registry_ca, loaded.spec.name)

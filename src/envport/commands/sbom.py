@@ -80,7 +80,7 @@ def _from_name(args):
     identity = resolve(loaded, site, args.target).identity
     lock = _lock_fact(loaded, site)
     if args.target == "apptainer":
-        from envport.build.apptainer.builder import sif_path
+        from envport.builders.apptainer.builder import sif_path
 
         path = sif_path(site, root, identity)
         if not path.is_file():

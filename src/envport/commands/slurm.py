@@ -74,7 +74,7 @@ def run_build(args) -> int:
     import os
     import shutil as _shutil
 
-    from envport.build.apptainer.builder import sif_path
+    from envport.builders.apptainer.builder import sif_path
     from envport.commands._common import load_one, project_root
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
@@ -236,7 +236,7 @@ def _job(args, loaded, identity, profile, opts):
     if args.target == "docker":
         image = args.image or identity.image_tag
     elif args.target == "apptainer":
-        from envport.build.apptainer.builder import sif_path
+        from envport.builders.apptainer.builder import sif_path
         from envport.plan.site import load_site
 
         sif = str(Path(args.sif).resolve()) if args.sif else \

@@ -52,7 +52,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.build import weights
+    from envport.builders import weights
     from envport.core.progress import stderr_progress
     from envport.core.verdict import StepResult, Verdict, exit_code
     from envport.plan.site import load_site
@@ -148,7 +148,7 @@ def _parsed(command, name: str, *argv: str) -> argparse.Namespace:
 
 
 def _preflight(ctx):
-    from envport.build.preflight import DEFAULT_MARGIN_GB, Context, preflight
+    from envport.builders.preflight import DEFAULT_MARGIN_GB, Context, preflight
     from envport.core.extras import VERIFY_MODULES, refusal
     from envport.report import ledger
 
@@ -191,7 +191,7 @@ def _build(ctx):
 
 
 def _weights(ctx):
-    from envport.build import weights
+    from envport.builders import weights
     from envport.commands.weights import venv_bin
     from envport.core.verdict import Verdict
 

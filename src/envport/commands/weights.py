@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.build import weights
+    from envport.builders import weights
     from envport.core.errors import EnvportError
     from envport.core.progress import stderr_progress
     from envport.core.verdict import report

@@ -25,7 +25,7 @@ def run(args) -> int:
     from envport.core.progress import stderr_progress
     from envport.plan.site import load_site
     from envport.core.verdict import report
-    from envport.build.wheelhouse import ensure_wheelhouse
+    from envport.builders.wheelhouse import ensure_wheelhouse
 
     root = project_root(args)
     loaded = load_one(args, args.spec)

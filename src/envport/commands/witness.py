@@ -116,7 +116,7 @@ def _print_step(r: StepResult, out) -> None:
 
 def _launcher(args, loaded, identity, opts):
     """The launcher for --target/--host, and the facts the ledger records about where it ran."""
-    from envport.build import weights
+    from envport.builders import weights
     from envport.witness.launchers.docker import DockerLauncher
     from envport.witness.launchers.local import LocalLauncher, activated_env
     from envport.witness.run import host_gpu_count, requires_gpu
@@ -145,7 +145,7 @@ def _launcher(args, loaded, identity, opts):
         return launcher, {"prefix": str(python.parent.parent)}
     gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
     if args.target == "apptainer":
-        from envport.build.apptainer.builder import sif_path
+        from envport.builders.apptainer.builder import sif_path
         from envport.plan.site import load_site
         from envport.witness.launchers.sif import SifLauncher
 

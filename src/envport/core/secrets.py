@@ -1,6 +1,6 @@
 """Secret values envport must never print or record: registered once known, scrubbed at every sink.
 
-The values come from the layers that know what is secret (build/weights: every weight's `auth_hint`
+The values come from the layers that know what is secret (builders/weights: every weight's `auth_hint`
 variable, gated or not; plan/site and the spec: the password of a pip URL, `https://u:TOKEN@host`).
 Once one is registered, this process's stdout and stderr replace it with `***` on every write
 (verdict lines, progress, log tails, `--json`), and the ledger scrubs each record before it writes

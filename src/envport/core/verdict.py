@@ -78,7 +78,9 @@ def exit_code(results: Iterable[StepResult]) -> int:
 def envelope(command: str, code: int, steps: Iterable = (), problems: Iterable = (), **extra) -> dict:
     """Every `--json` output's top level (docs/cli.md): command, exit_code, steps, problems, then the
     command's own keys. Steps and problems may be StepResults/Problems or their dicts."""
-    as_dict = (lambda x: x if isinstance(x, dict) else x.to_dict())
+    def as_dict(x):
+        return x if isinstance(x, dict) else x.to_dict()
+
     return {"command": command, "exit_code": code, "steps": [as_dict(s) for s in steps],
             "problems": [as_dict(p) for p in problems], **extra}
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from envport.core.errors import ReasonError
 # The layout's constants live with the stdlib-only reader of the no-op build (engines/sif_header.py).
-from envport.engines.sif_header import (  # noqa: F401 (re-exported: callers import them from here)
+from envport.engines.sif_header import (
     DATA_GENERIC_JSON, DATA_OFFSET, DATA_PARTITION, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
     LAUNCH_SCRIPT, MAGIC, VERSION, object_inside, table_consistent)
 

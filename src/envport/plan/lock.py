@@ -1,6 +1,6 @@
 """The lock file `specs/<name>.lock`: per pip phase, exactly what that phase installs.
 
-A phase is resolved against the env the earlier phases left (build/lock.py),
+A phase is resolved against the env the earlier phases left (builders/lock.py),
 so the lock is a list of ordered passes, not one set: replaying them in order
 with `--no-deps --require-hashes` gives the env that was resolved, and a file
 two passes both ship ends as the later pass left it (a single pass leaves

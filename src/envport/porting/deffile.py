@@ -1,6 +1,6 @@
 """An Apptainer/Singularity `.def` -> a draft spec: a tolerant section reader.
 
-build/apptainer/deffile parses the `.def` files envport builds and refuses
+builders/apptainer/deffile parses the `.def` files envport builds and refuses
 what its builder cannot run; an import must instead read whatever a person
 wrote and report it.  So sections are split the way apptainer splits them (a
 line whose first word starts with `%`), every section is read or reported,
@@ -65,7 +65,7 @@ def _split(lines: list[str], first: int):
 def read_def(text: str, label: str, context: BuildContext, draft: Draft) -> None:
     stages = _stages(text)
     rendered = text.startswith(RENDERED_HEADER)
-    for first, lines in stages[:-1]:
+    for first, _lines in stages[:-1]:
         draft.note(first, "Bootstrap stage", DROPPED, "not the final stage of a multi-stage .def; only the last "
                    "stage is the env", "build what it makes as a wheel, or move its steps into run_commands")
     first, lines = stages[-1]

@@ -16,13 +16,11 @@ import json
 import posixpath
 import re
 import shlex
-from pathlib import Path
-from typing import Optional
 
 from envport.core.nesting import too_deep
 from envport.porting.context import BuildContext
-from envport.porting.envvars import VAR, add_env, substitute, too_long
-from envport.porting.report import DROPPED, KEPT, REPORTED, Draft, turned_into
+from envport.porting.envvars import add_env, substitute, too_long
+from envport.porting.report import DROPPED, REPORTED, Draft, turned_into
 from envport.porting.shell import ShellContext, handle
 from envport.porting.source import ImportRefused
 

@@ -12,7 +12,6 @@ environment marker (evaluated for a Linux x86_64 env and dropped), a hash
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -51,7 +50,7 @@ def expand(word: str, ctx: PipContext) -> Optional[str]:
     out, unknown = substitute(word, ctx.variables or {})
     if unknown:
         ctx.note(word, DROPPED, f"${unknown[0]} is not set by the recipe where this line runs, so its value is "
-                 "unknown here", f"write the value into the spec's pip_phases")
+                 "unknown here", "write the value into the spec's pip_phases")
         return None
     if out is None:
         ctx.note(word, DROPPED, *too_long("envport does not read it"))

@@ -368,7 +368,7 @@ def _apt(words, seg, line, ctx) -> str:
         return "keep"
     if sub != "install":
         return "keep"
-    pkgs, bad, i, args = [], [], 1, words[1:]
+    pkgs, bad, args = [], [], words[1:]
     computed = [w for w in args if "$" in w or COMPUTED.search(w)]
     if computed:
         ctx.note(line, seg, KEPT, f"a package name computed when the line runs ({computed[0]}): its value is unknown "
@@ -515,7 +515,7 @@ def _conda(words, seg, line, ctx: ShellContext) -> str:
         return "done"
     if sub in ("create", "install"):
         pkgs, skip = [], False
-        for i, w in enumerate(words[2:]):
+        for w in words[2:]:
             if skip:
                 skip = False
             elif w in ("-n", "--name", "-p", "--prefix", "-c", "--channel", "--file"):

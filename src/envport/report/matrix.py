@@ -4,8 +4,8 @@ A pair is one spec on one target: `docker`, `apptainer`, `venv`, `conda`, or
 `ssh` (a venv on an SSH site host, one pair per host of the site profile, the
 way `envport parity` names them: `venv@HOST`). `pairs()` is pure planning;
 `judge()` asks this host, through the probes the commands already use
-(build/preflight.py's runtime, GPU and compiler checks, the docker engine,
-the apptainer route of build/apptainer, the SIF runtime of engines/sif_run,
+(builders/preflight.py's runtime, GPU and compiler checks, the docker engine,
+the apptainer route of builders/apptainer, the SIF runtime of engines/sif_run,
 one SSH round trip), and every need it reports was checked — a need this host
 cannot check is said to be unchecked, never OK. The run (`envport matrix
 --run`) turns each runnable pair into `envport up`; `junit_xml()` and
@@ -150,12 +150,12 @@ class Probes:
 
 
 def _findings(what: str, check, ctx) -> list[Need]:
-    """A preflight check's problems (build/preflight.py) as unmet needs."""
+    """A preflight check's problems (builders/preflight.py) as unmet needs."""
     return [Need(what, False, f.message, f.reason, f.fix) for f in check(ctx) if f.is_problem]
 
 
 def _gpu_need(loaded, ctx) -> list[Need]:
-    from envport.build.preflight import check_gpus
+    from envport.builders.preflight import check_gpus
 
     spec = loaded.spec
     if spec.resources.gpus <= 0:
@@ -166,7 +166,7 @@ def _gpu_need(loaded, ctx) -> list[Need]:
 
 
 def _base_need(loaded, site, target: str, probes: Probes) -> Need:
-    from envport.build.apptainer.bootstrap import base_fix
+    from envport.builders.apptainer.bootstrap import base_fix
 
     base = base_of(loaded, site, target)
     what = f"base image {base.image}"
@@ -188,7 +188,7 @@ def _base_need(loaded, site, target: str, probes: Probes) -> Need:
 
 def judge(loaded, pair: Pair, site, root, probes: Optional[Probes] = None, gpu_inventory=None) -> Judged:
     """What PAIR needs and, for each need, whether this host has it (checked, or said unchecked)."""
-    from envport.build.preflight import Context, check_compiler, check_runtime
+    from envport.builders.preflight import Context, check_compiler, check_runtime
 
     probes = probes or Probes(site, root)
     spec = loaded.spec
@@ -212,14 +212,14 @@ def judge(loaded, pair: Pair, site, root, probes: Optional[Probes] = None, gpu_i
 
 def _engine_need(docker_ctx, ok_detail: str) -> list[Need]:
     """The docker client and engine, as preflight judges them for --target docker."""
-    from envport.build.preflight import check_runtime
+    from envport.builders.preflight import check_runtime
 
     return _findings("docker engine", check_runtime, docker_ctx) or [Need("docker engine", True, ok_detail)]
 
 
 def _apptainer_needs(loaded, site, probes: Probes, docker_ctx) -> list[Need]:
-    from envport.build.apptainer.binary import apptainer_binary
-    from envport.build.apptainer.builder import builder_missing
+    from envport.builders.apptainer.binary import apptainer_binary
+    from envport.builders.apptainer.builder import builder_missing
     from envport.engines import sif_run
 
     needs = []

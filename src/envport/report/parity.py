@@ -268,7 +268,7 @@ def _probed(f: TargetFacts, label: str, results: list[StepResult], probe) -> Tar
 
 
 def _docker_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    from envport.build.docker import builder as docker_builder
+    from envport.builders.docker import builder as docker_builder
 
     f, t0 = TargetFacts("docker"), time.monotonic()
     progress("parity: docker: building (or finding present)")
@@ -280,7 +280,7 @@ def _docker_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress
 
 def _venv(loaded: Loaded, site, opts: ParityOptions, progress: Progress, label: str, host: Optional[str],
           dir_: Optional[str]) -> TargetFacts:
-    from envport.build import shell
+    from envport.builders import shell
 
     f, t0 = TargetFacts(label), time.monotonic()
     progress(f"parity: {label}: building (or finding present)" + (f" in {dir_}" if dir_ else ""))
@@ -315,7 +315,7 @@ def _ssh_targets(loaded: Loaded, site, opts: ParityOptions, progress: Progress) 
 
 
 def _conda_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    from envport.build import shell
+    from envport.builders import shell
 
     if not any(shutil.which(c) for c in ("micromamba", "mamba", "conda")):
         return [TargetFacts("conda", skipped="no_conda: no micromamba, mamba or conda on PATH")]
@@ -335,7 +335,7 @@ def _conda_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress)
 
 def _apptainer_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
     """The SIF built from the .def (envport's builder where apptainer is absent), not from the docker image."""
-    from envport.build.apptainer import builder as sif_builder
+    from envport.builders.apptainer import builder as sif_builder
 
     f, t0 = TargetFacts("apptainer"), time.monotonic()
     progress("parity: apptainer: building the SIF from the .def (or finding it present)")

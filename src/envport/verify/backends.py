@@ -9,7 +9,7 @@ with what differs for an env that lives in a folder on a host:
   does), not the login shell's;
 - shim files sit under `$ENVPORT_ROOT` (default `<prefix>/root`, see
   setup-venv.sh) and weights under the weights root (`<root>/<env>/<weight>`,
-  envport.build.weights), so their paths are rebased there, and each weight's
+  envport.builders.weights), so their paths are rebased there, and each weight's
   variable is expected to point at its folder, as the launchers set it;
 - the hash is the one the setup script wrote to `<prefix>/.envport/hash`
   (there is no image label), checked against the spec's content hash.
@@ -31,7 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
-from envport.build import weights
+from envport.builders import weights
 from envport.core import layout
 from envport.engines.ssh import env_preflight, prefix_expr, resolve_host, ssh_argv
 from envport.recipe.identity import resolve

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from envport.build import weights
+from envport.builders import weights
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.plan.steps import CONTAINER_VENV

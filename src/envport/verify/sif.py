@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 from testinfra.backend import BACKENDS, base
 
-from envport.build import weights
-from envport.build.apptainer.builder import sif_path
+from envport.builders import weights
+from envport.builders.apptainer.builder import sif_path
 from envport.core.proc import sigterm_interrupts
 from envport.core.progress import Progress
 from envport.core.untrusted import shown

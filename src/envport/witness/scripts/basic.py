@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from envport_sentinel import emit, tail  # noqa: E402
+from envport_sentinel import emit, tail
 
 _IMPORT_PROBE = r"""
 import importlib, json, sys

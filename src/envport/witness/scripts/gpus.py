@@ -15,7 +15,7 @@ import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from envport_sentinel import emit  # noqa: E402
+from envport_sentinel import emit
 
 
 def main():

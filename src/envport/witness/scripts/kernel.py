@@ -17,7 +17,7 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from envport_sentinel import emit  # noqa: E402
+from envport_sentinel import emit
 
 
 def forward(torch, device):

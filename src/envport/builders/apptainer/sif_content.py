@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from envport.build.apptainer import sif_record
+from envport.builders.apptainer import sif_record
 from envport.engines import squashfs_tree
 from envport.engines.sif import PARTITION_ALIGN, SifError
 from envport.plan.steps import CONTAINER_VENV
@@ -121,13 +121,13 @@ def read_content(sif: str, offset: int) -> Content:
 
 def expected_distributions(plan) -> dict[str, str]:
     """{canonical name: version} the env must hold: each locked phase's set, a later phase winning; for an
-    unlocked plan, the spec's `==` pins (build/pins.py)."""
+    unlocked plan, the spec's `==` pins (builders/pins.py)."""
     want: dict[str, str] = {}
     for step in plan.steps:
         for dist in getattr(step, "locked", ()) or ():
             want[canonical(dist.name)] = dist.version
     if not want:
-        from envport.build import pins
+        from envport.builders import pins
 
         want = {canonical(name): version for name, version, _ in pins.pins(plan)}
     return want

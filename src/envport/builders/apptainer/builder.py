@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Optional
 
 from envport import __version__
-from envport.build.apptainer import bootstrap as boot
-from envport.build.apptainer.deffile import DefError, DefFile, parse_def
-from envport.build.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
-from envport.build.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
+from envport.builders.apptainer import bootstrap as boot
+from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
+from envport.builders.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
+from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
 from envport.core.proc import dies_with_parent
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
@@ -72,7 +72,7 @@ def sif_path(site: Site, root: Path, identity) -> Path:
 def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[dict]:
     """{sif, size} when SIF is the file this machine's build of HASH_ wrote (one stat), or, given RESOLVED
     (its plan) and PYTHON, its content was checked to be that env; None otherwise."""
-    from envport.build.apptainer import sif_content, sif_record
+    from envport.builders.apptainer import sif_content, sif_record
 
     if sif_record.unchanged(str(sif), hash_):
         return {"sif": str(sif), "size": os.stat(sif).st_size, "checked": "build record"}
@@ -87,7 +87,7 @@ def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[
 
 def _record(sif: Path, hash_: str) -> None:
     """This machine now vouches for SIF: its stat, partition sha256 and layout in the state dir."""
-    from envport.build.apptainer import sif_content, sif_record
+    from envport.builders.apptainer import sif_content, sif_record
     from envport.engines.sif import primary_partition
 
     info = read_sif(sif)
@@ -103,7 +103,7 @@ def _size(n: int) -> str:
 def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, from_docker: bool = False,
           progress: Progress) -> list[StepResult]:
     """Build (or find) the env's SIF; each step's StepResult, stopping at the first not ok."""
-    from envport.build.apptainer import binary
+    from envport.builders.apptainer import binary
 
     resolved = resolve(loaded, site, TARGET)
     sif = sif_path(site, root, resolved.identity)
@@ -178,13 +178,13 @@ class SifBuild:
             except boot.BootstrapRefused as exc:
                 return [StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)]
         if not from_docker and any(s.kind == "pip" and s.uses_wheelhouse for s in self.resolved.plan.steps):
-            from envport.build.wheelhouse import ensure_wheelhouse
+            from envport.builders.wheelhouse import ensure_wheelhouse
 
             results.append(ensure_wheelhouse(self.loaded, self.site, self.root, self.progress))
             if not results[-1].verdict.ok:
                 return results
         if not from_docker and any(s.kind == "pip" and s.installer == "uv" for s in self.resolved.plan.steps):
-            from envport.build.tools import ensure_uv
+            from envport.builders.tools import ensure_uv
 
             _, failed = ensure_uv(self.root, self.progress)
             if failed is not None:
@@ -264,7 +264,7 @@ class SifBuild:
                 if wheel.is_file() and not wheel.name.startswith("."):
                     _link_or_copy(wheel, dest / wheel.name)
         if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
-            from envport.build.tools import uv_path
+            from envport.builders.tools import uv_path
 
             (context / "tools").mkdir(exist_ok=True)
             _link_or_copy(uv_path(self.root), context / "tools" / "uv")  # fetched by build() beforehand
@@ -307,10 +307,10 @@ class SifBuild:
         return self._assemble(work, rootfs, deffile, base)
 
     def _pin_check(self, rootfs: Path) -> Optional[StepResult]:
-        """FAILED [pin_mismatch] when a package the spec pins is not what %post left (build/pins.py), run
+        """FAILED [pin_mismatch] when a package the spec pins is not what %post left (builders/pins.py), run
         with the env's python inside the rootfs, in the same sandbox as %post."""
-        from envport.build import pins
-        from envport.build.apptainer.post_runner import bwrap_argv
+        from envport.builders import pins
+        from envport.builders.apptainer.post_runner import bwrap_argv
         from envport.plan.steps import CONTAINER_VENV
 
         plan = self.resolved.plan
@@ -332,7 +332,7 @@ class SifBuild:
         return pins.result(self.step, plan, installed)
 
     def _post_line(self, line: str) -> None:
-        from envport.build.apptainer.deffile import match_step
+        from envport.builders.apptainer.deffile import match_step
 
         found = match_step(line)
         if found:
@@ -386,7 +386,7 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {proc.returncode}; no SIF was written",
                               lines=tail(proc.stdout + proc.stderr))
         t = time.monotonic()
-        from envport.build.apptainer import sif_content, sif_record
+        from envport.builders.apptainer import sif_content, sif_record
 
         sqfs_size = squashfs.stat().st_size
         digest = sif_content.partition_sha256(str(squashfs), 0, sqfs_size)
@@ -439,7 +439,7 @@ def _not_envport(labels: dict) -> dict:
 def _drop_base_identity(rootfs: Path) -> None:
     path = rootfs / ".singularity.d" / "labels.json"
     if path.is_file():
-        from envport.build.apptainer.singularity_d import go_json_indent
+        from envport.builders.apptainer.singularity_d import go_json_indent
 
         path.write_text(go_json_indent(_not_envport(json.loads(path.read_text(encoding="utf-8")))),
                         encoding="utf-8")

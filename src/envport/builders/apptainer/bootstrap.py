@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envport.build.apptainer.deffile import DefFile
+from envport.builders.apptainer.deffile import DefFile
 from envport.engines import docker as engine
 from envport.engines.sif import SifError, primary_partition, read_sif
 
@@ -45,7 +45,7 @@ class Base:
 
 def base_fix(image: str, site) -> str:
     """How to make IMAGE available to the builder at this site."""
-    from envport.build.base_image import RECIPES
+    from envport.builders.base_image import RECIPES
 
     local = {tag: name for name, tag in RECIPES.items()}
     if image in local:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from envport.build.apptainer import sif_content
-from envport.build.apptainer.builder import SPEC_OBJECT
+from envport.builders.apptainer import sif_content
+from envport.builders.apptainer.builder import SPEC_OBJECT
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import (DATA_DEFFILE, SifError, json_member, primary_partition, read_json_object,
                                  read_object, read_sif, read_squashfs_superblock, sif_labels)

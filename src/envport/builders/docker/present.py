@@ -1,7 +1,7 @@
 """A fast `present` for `envport build --target docker`, without pydantic or the docker SDK.
 
 The image tag and hash the last good build of these exact inputs ended with
-come from build/present_cache.py; then the engine is asked, over its unix
+come from builders/present_cache.py; then the engine is asked, over its unix
 socket with nothing but `_socket` and the C json scanner
 (engines/docker_socket.py), whether the tag still carries that hash in its
 label.  Any doubt (another file, another engine, an image relabelled or
@@ -10,7 +10,7 @@ gone) falls through to the full path, which decides for real.
 
 from __future__ import annotations
 
-from envport.build import present_cache
+from envport.builders import present_cache
 
 TARGET = "docker"
 

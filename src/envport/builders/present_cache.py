@@ -12,10 +12,10 @@ answers with the original's file).  The code and the CA bundle enter by path, si
 reading their bytes on every no-op build cost more than the engine's
 question, and no edit leaves ctime alone.
 
-A remembered identity is never a verdict: build/docker/present.py still
+A remembered identity is never a verdict: builders/docker/present.py still
 asks the engine whether the image there carries that hash, and a SIF is
 taken only while it is the very file this machine's build wrote (its stat
-against build/apptainer/sif_record.py's record, commands/fast.py): a label
+against builders/apptainer/sif_record.py's record, commands/fast.py): a label
 in a file anyone could have dropped into a shared sif_dir is never enough.  The digest uses the interpreter's
 built-in blake2b: loading OpenSSL for hashlib's cost more than the rest of
 the no-op build's own work.

@@ -193,7 +193,7 @@ def _verdict(name: str, resolved: Resolved, host, target_host, rc: int, lines: l
     pins = [s[len("FAILED pin "):] for s in says if s.startswith("FAILED pin ")]
     if pins:
         return StepResult(name, Verdict.FAILED, pins[0], reason="pin_mismatch", lines=pins, seconds=seconds)
-    from envport.build.lock import hash_mismatches
+    from envport.builders.lock import hash_mismatches
 
     swapped = hash_mismatches(lines)
     if swapped:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from envport.build import weights as weights_mod
+from envport.builders import weights as weights_mod
 from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.spec.model import Spec

@@ -38,10 +38,10 @@ from envport.recipe.render import render_plan
 from envport.plan.site import Site
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
-from envport.build.docker import context as docker_context
+from envport.builders.docker import context as docker_context
 from envport.engines.docker import NO_BUILDKIT_FIX, buildkit_cli, connect, get_image, run_buildkit
-from envport.build.docker.log import BuildkitLog, LegacyLog, StepRef, instruction_steps
-from envport.build.pins import check_image as pin_check
+from envport.builders.docker.log import BuildkitLog, LegacyLog, StepRef, instruction_steps
+from envport.builders.pins import check_image as pin_check
 
 TARGET = "docker"
 
@@ -69,7 +69,7 @@ def image_tag(name: str, hash_: str) -> str:
 
 
 def _fix_for_base(image: str) -> str:
-    from envport.build.base_image import RECIPES
+    from envport.builders.base_image import RECIPES
 
     local = {tag: name for name, tag in RECIPES.items()}
     if image in local:
@@ -212,7 +212,7 @@ def _wheelhouse(loaded: Loaded, site: Site, root: Path, resolved, cli: Optional[
         return StepResult(f"build {resolved.identity.image_tag}", Verdict.REFUSED,
                           f"site {site.name!r} installs from the wheelhouse with RUN --mount, which needs "
                           f"BuildKit, and no docker client here runs it; {NO_BUILDKIT_FIX}", reason="no_buildkit")
-    from envport.build.wheelhouse import ensure_wheelhouse
+    from envport.builders.wheelhouse import ensure_wheelhouse
 
     return ensure_wheelhouse(loaded, site, root, progress)
 
@@ -234,7 +234,7 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
             docker_context.write_context(context, rendering, plan, wheelhouse,
                                          docker_context.build_dir(root) / docker_context.PHASES_CACHE, progress)
             if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
-                from envport.build.tools import stage_uv
+                from envport.builders.tools import stage_uv
 
                 failed = stage_uv(context, root, progress)
                 if failed is not None:

@@ -56,7 +56,7 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
             if any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps):
                 shutil.copytree(site.wheelhouse_path(root, loaded.spec.name), Path(ctx) / WHEELHOUSE_CONTEXT_NAME)
             if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
-                from envport.build.tools import stage_uv
+                from envport.builders.tools import stage_uv
 
                 failed = stage_uv(Path(ctx), root, progress)
                 if failed is not None:
