@@ -28,8 +28,10 @@ LAYERS = [
     "builders",
     "verify",
     "witness",
+    "targets",     # one module per backend, one registry: the only place target names are listed
     "report",
     "porting",
+    "flow",        # up, parity, matrix orchestration as typed steps over targets
     "commands",
     "cli",         # envport/cli.py, __main__.py, __init__.py
 ]

@@ -14,6 +14,7 @@ import pytest
 from envport.builders.preflight import Context, check_compiler, preflight
 from envport.core.verdict import Verdict
 from envport.spec.loader import load_spec
+from envport.targets.registry import get
 
 from .support import REPO, as_json, cli_env, run_envport, write_spec
 
@@ -63,7 +64,7 @@ def test_a_missing_runtime_refuses_with_the_fix(project):
 
 @pytest.mark.skipif(any(shutil.which(c) for c in ("micromamba", "mamba", "conda")), reason="a conda is installed here")
 def test_conda_without_any_conda_refuses():
-    r = preflight(Context(_demo(), "conda"))
+    r = preflight(Context(_demo(), "conda", runtime=get("conda").runtime_findings))
     assert r.reason == "runtime_missing" and "micromamba" in r.detail
 
 

@@ -48,7 +48,7 @@ class Finding:
 @dataclass
 class Context:
     spec: Spec
-    target: str  # docker | apptainer | venv | conda
+    target: str  # a target's name (envport.targets.registry.NAMES)
     host: Optional[str] = None  # venv/conda over SSH: the host's own checks happen in its build
     weights_root: Path = field(default_factory=weights_mod.weights_root)
     env_bytes: Optional[int] = None  # the env's size when this host built it before (the ledger), else None
@@ -56,6 +56,8 @@ class Context:
     project_root: Optional[Path] = None
     # Injected by tests only where no real part exists (a GPU on a GPU-less host): nvidia-smi's view.
     gpu_inventory: Optional[Callable[[], dict]] = None
+    # The target's own runtime check (envport.targets: Target.runtime_findings); None: not checked, and said so.
+    runtime: Optional[Callable[["Context"], list[Finding]]] = None
 
 
 def check_disk(ctx: Context) -> list[Finding]:
@@ -95,40 +97,10 @@ def check_disk(ctx: Context) -> list[Finding]:
 
 
 def check_runtime(ctx: Context) -> list[Finding]:
-    t = ctx.target
-    if t == "docker":
-        if shutil.which("docker") is None:
-            return [Finding("runtime_missing", "no docker client on PATH",
-                            "install docker (Debian: apt-get install docker.io) and start dockerd, or use "
-                            "--target venv")]
-        from envport.engines.docker import engine_problem
-
-        problem = engine_problem(timeout=5)
-        if problem:
-            return [Finding("docker_unreachable", f"the docker engine does not answer: {problem}",
-                            "start dockerd, or check DOCKER_HOST")]
-        return []
-    if t == "apptainer":
-        if shutil.which("apptainer") or shutil.which("singularity"):
-            return []
-        missing = [b for b in ("mksquashfs", "docker") if shutil.which(b) is None]
-        if missing:
-            return [Finding("runtime_missing", f"no apptainer on PATH, and envport's own .def builder needs "
-                            f"{' and '.join(missing)}", "install apptainer, or squashfs-tools and docker")]
-        return []
-    if ctx.host:
-        return []  # the remote setup script refuses with its own reason (no_python, no_conda)
-    if t == "venv":
-        py = f"python{ctx.spec.python}"
-        if shutil.which(py) is None:
-            return [Finding("runtime_missing", f"{py} is not on PATH (the venv target makes the env with it)",
-                            f"install it (Debian: apt-get install {py}-venv), or use --target docker")]
-        return []
-    if t == "conda":
-        if not any(shutil.which(c) for c in ("micromamba", "mamba", "conda")):
-            return [Finding("runtime_missing", "no micromamba, mamba or conda on PATH",
-                            "install micromamba, or use --target venv")]
-    return []
+    """The target's runtime on this host, as the target itself checks it (builders stay below targets/)."""
+    if ctx.runtime is None:
+        return [Finding("", f"the {ctx.target} runtime was not checked (no target check given)")]
+    return ctx.runtime(ctx)
 
 
 def _sm(text: str) -> tuple[int, int]:

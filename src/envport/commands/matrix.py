@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from envport.commands._common import project_root
+from envport.targets.registry import matrix_rows, ssh_rows
 
 FORMATS = ("table", "json", "github")
-TARGET_CHOICES = ("docker", "apptainer", "venv", "conda", "ssh")  # report/matrix.py TARGETS (test_matrix checks)
+TARGET_CHOICES = matrix_rows()  # every target, then the SSH rows (envport.targets.registry)
 
 
 def register(sub) -> None:
@@ -243,7 +244,7 @@ def _say(label: str, line: str) -> None:
 
 def _pair_env(pair, site) -> dict:
     env = dict(os.environ)
-    if pair.target == "ssh":
+    if pair.target in ssh_rows():
         # The env folder on the host: $ENVPORT_SSH_ENVS_DIR, else (the host is this machine) parity's own
         # separate folder, so the "remote" build never finds the local venv present.
         from envport.engines.ssh import resolve_host

@@ -151,6 +151,7 @@ def _preflight(ctx):
     from envport.builders.preflight import DEFAULT_MARGIN_GB, Context, preflight
     from envport.core.extras import VERIFY_MODULES, refusal
     from envport.report import ledger
+    from envport.targets.registry import get
 
     # Refused before the build, not as a traceback from the verify step once the env is built.
     missing = refusal("preflight", VERIFY_MODULES)
@@ -167,7 +168,8 @@ def _preflight(ctx):
         pass
     margin = DEFAULT_MARGIN_GB if args.min_free_gb is None else args.min_free_gb
     return _step("preflight", preflight(Context(spec, args.target, host=args.host, weights_root=ctx["weights_root"],
-                                                env_bytes=size, margin_gb=margin, project_root=ctx["root"])))
+                                                env_bytes=size, margin_gb=margin, project_root=ctx["root"],
+                                                runtime=get(args.target).runtime_findings)))
 
 
 def _build(ctx):

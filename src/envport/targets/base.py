@@ -1,0 +1,162 @@
+"""The `Target` protocol: what every command asks of a backend, and `Unsupported`, what it cannot do."""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional
+
+from envport.core.progress import Progress, quiet
+from envport.core.verdict import StepResult, Verdict
+
+# The operations a command asks a target for; `Target.unsupported` keys are these.
+BUILD = "build"
+PRESENT = "present"
+VERIFY = "verify"
+WITNESS = "witness"
+PROBE = "parity"
+SLURM = "slurm"
+OPERATIONS = (BUILD, PRESENT, VERIFY, WITNESS, PROBE, SLURM)
+UNSUPPORTED_REASON = "unsupported"
+
+
+class Unsupported(Exception):
+    """TARGET cannot do OPERATION, and why: a verdict for the user, never a missing `--target` choice."""
+
+    def __init__(self, target: str, operation: str, reason: str):
+        self.target, self.operation, self.reason = target, operation, reason
+        super().__init__(f"--target {target} has no {operation}: {reason}")
+
+    def result(self, step: str, verdict: Verdict = Verdict.REFUSED) -> StepResult:
+        return StepResult(step, verdict, str(self), reason=UNSUPPORTED_REASON)
+
+
+@dataclass
+class Need:
+    """One thing a (env, target) pair needs of this host, and whether it has it."""
+
+    what: str  # "docker engine", "base image envport/debian-bookworm:base", "1 GPU(s) in sm_80..sm_90"
+    ok: Optional[bool]  # None: not checked here (said so in detail)
+    detail: str = ""
+    reason: str = ""
+    fix: str = ""
+
+    def to_dict(self) -> dict:
+        d = {"what": self.what, "ok": self.ok, "detail": self.detail}
+        if self.reason:
+            d["reason"] = self.reason
+        if self.fix:
+            d["fix"] = self.fix
+        return d
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    loaded: Any  # spec.loader.Loaded
+    site: Any  # plan.site.Site, after the lock gate
+    root: Path
+    identity: Any  # recipe.identity.Identity
+    site_name: Optional[str] = None  # as the user named it (--site): the fast path remembers it
+    host: Optional[str] = None
+    rebuild: bool = False
+    no_cache: bool = False
+    check: bool = False
+    install_system_pkgs: bool = False
+    from_docker: bool = False
+    remember: bool = False  # the fast path's plain `build NAME` means this env: remember where it is
+    progress: Progress = quiet
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    loaded: Any
+    site: Any
+    root: Path
+    host: Optional[str] = None
+    image: Optional[str] = None
+    sif: Optional[Path] = None
+    junit: Optional[Path] = None
+    progress: Progress = quiet
+
+
+@dataclass(frozen=True)
+class WitnessRequest:
+    loaded: Any
+    site: Any
+    identity: Any
+    gpus: bool = False  # the witnesses get the host's GPUs
+    host: Optional[str] = None
+    python: Optional[str] = None
+    image: Optional[str] = None
+    sif: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class NeedsRequest:
+    loaded: Any
+    site: Any
+    root: Path
+    probes: Any  # targets.needs.Probes: host facts asked once per judge run
+    host: Optional[str] = None
+    gpu_inventory: Optional[Callable[[], dict]] = None
+
+
+# probe(run, where, names): `run(argv, env=None) -> (rc, text)` runs parity's probe script on stdin.
+ProbeRun = Callable[..., tuple[Optional[int], str]]
+
+
+class Target(ABC):
+    name: ClassVar[str]
+    recipe: ClassVar[str]  # the renderer kind its build renders: docker, apptainer or shell
+    summary: ClassVar[str]  # one line for docs/cli.md's target table
+    hosts: ClassVar[bool] = False  # --host: the env on an SSH host
+    ssh_row: ClassVar[Optional[str]] = None  # the matrix/parity row name of this target on the site's SSH hosts
+    # Pairs holding the same lock run one at a time in `matrix --run` (two docker builds share one engine).
+    engine_lock: ClassVar[Optional[str]] = None
+    signs: ClassVar[bool] = False  # its build makes a SIF that `build --sign` signs
+    unsupported: ClassVar[dict[str, str]] = {}
+
+    def supports(self, operation: str) -> bool:
+        return operation not in self.unsupported
+
+    def refuse(self, operation: str) -> Unsupported:
+        return Unsupported(self.name, operation, self.unsupported.get(operation, "not implemented"))
+
+    # --- what the host must have -------------------------------------------------
+    def runtime_findings(self, ctx) -> list:
+        """Preflight's runtime check (builders.preflight.Finding list) for this target on this host."""
+        return []
+
+    def needs(self, req: NeedsRequest) -> list[Need]:
+        """What the matrix lists for (env, this target): each need checked, or said unchecked."""
+        return []
+
+    def parity_unavailable(self) -> Optional[str]:
+        """'reason: detail' when parity should skip this target on this host before building; else None."""
+        return None
+
+    # --- build, present ------------------------------------------------------------
+    def build(self, req: BuildRequest) -> list[StepResult]:
+        raise self.refuse(BUILD)
+
+    def present(self, req: BuildRequest) -> StepResult:
+        """Whether the env is built here (checked), building nothing."""
+        raise self.refuse(PRESENT)
+
+    # --- prove it ---------------------------------------------------------------------
+    def verify(self, req: VerifyRequest) -> StepResult:
+        raise self.refuse(VERIFY)
+
+    def launcher(self, req: WitnessRequest) -> tuple[Any, dict]:
+        """The witness launcher and the facts the ledger records about where it ran."""
+        raise self.refuse(WITNESS)
+
+    def probe(self, run: ProbeRun, where: str, names: list[str], site: Any = None,
+              host: Optional[str] = None) -> tuple[Optional[int], str]:
+        """Parity's probe (freeze, python, env) inside the built env WHERE (an image, a SIF, a prefix)."""
+        raise self.refuse(PROBE)
+
+    def slurm_wrap(self, job: Any) -> Any:
+        """The launcher a Slurm task runs the witnesses through (witness/slurm_job.py builds it today)."""
+        raise self.refuse(SLURM)

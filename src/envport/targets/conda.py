@@ -1,0 +1,47 @@
+"""conda: the rendered setup-conda.sh run here, or on an SSH host (--host), with micromamba, mamba or conda."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Optional
+
+from envport.targets.base import SLURM, WITNESS
+from envport.targets.host import HostTarget
+
+SOLVERS = ("micromamba", "mamba", "conda")
+
+
+class Conda(HostTarget):
+    name = "conda"
+    summary = "a conda env made by micromamba, mamba or conda from images/<name>/setup-conda.sh, here or on an SSH host"
+    probe_env_keys = ("PATH", "HOME", "LANG")
+    unsupported = {
+        WITNESS: "envport has no witness launcher for a conda env yet (verify checks its contents; "
+                 "the witnesses run in docker, venv and apptainer envs)",
+        SLURM: "witness/slurm_job.py has no conda task wrapper",
+    }
+
+    def runtime_what(self, spec) -> str:
+        return "micromamba, mamba or conda"
+
+    def runtime_findings(self, ctx) -> list:
+        from envport.builders.preflight import Finding
+
+        if ctx.host:
+            return []  # the remote setup script refuses with its own reason (no_conda)
+        if not any(shutil.which(c) for c in SOLVERS):
+            return [Finding("runtime_missing", "no micromamba, mamba or conda on PATH",
+                            "install micromamba, or use --target venv")]
+        return []
+
+    def parity_unavailable(self) -> Optional[str]:
+        if not any(shutil.which(c) for c in SOLVERS):
+            return "no_conda: no micromamba, mamba or conda on PATH"
+        return None
+
+    def probe_script(self, prefix: str) -> str:
+        return (f"P={prefix}; [ -f \"$P/.envport/env.sh\" ] && . \"$P/.envport/env.sh\"; "
+                "exec \"$P/bin/python\" - \"$@\"")
+
+
+TARGET = Conda()

@@ -1,0 +1,69 @@
+"""docker: the rendered Dockerfile built by the local engine (BuildKit CLI, else the SDK); image envport/<name>:<hash12>."""
+
+from __future__ import annotations
+
+import shutil
+
+from envport.targets import needs
+from envport.targets.base import PRESENT, SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+
+
+class Docker(Target):
+    name = "docker"
+    recipe = "docker"
+    engine_lock = "docker engine"
+    summary = "image envport/<name>:<hash12> built by the local docker engine from images/<name>/Dockerfile"
+    unsupported = {
+        PRESENT: "a docker build checks the image's envport.hash label itself and reports present",
+        SLURM: "witness/slurm_job.py wraps docker tasks itself (the Slurm profile's container_runtime)",
+    }
+
+    def runtime_findings(self, ctx) -> list:
+        from envport.builders.preflight import Finding
+
+        if shutil.which("docker") is None:
+            return [Finding("runtime_missing", "no docker client on PATH",
+                            "install docker (Debian: apt-get install docker.io) and start dockerd, or use "
+                            "--target venv")]
+        from envport.engines.docker import engine_problem
+
+        problem = engine_problem(timeout=5)
+        if problem:
+            return [Finding("docker_unreachable", f"the docker engine does not answer: {problem}",
+                            "start dockerd, or check DOCKER_HOST")]
+        return []
+
+    def needs(self, req: NeedsRequest) -> list[Need]:
+        return [*needs.engine_need(req, self, "answers"), needs.base_need(req.loaded, req.site, self.name, req.probes)]
+
+    def build(self, req: BuildRequest):
+        from envport.builders.docker import builder
+        from envport.builders.docker.present import remember
+
+        results = builder.build(req.loaded, req.site, req.root, rebuild=req.rebuild, no_cache=req.no_cache,
+                                progress=req.progress)
+        if results[-1].verdict.ok and req.remember:
+            remember(req.root, req.loaded.spec.name, req.site_name, req.identity.hash, req.identity.image_tag)
+        return results
+
+    def verify(self, req: VerifyRequest):
+        from envport.verify.docker import verify
+
+        return verify(req.loaded, req.site, req.root, image=req.image, junit=req.junit, progress=req.progress)
+
+    def launcher(self, req: WitnessRequest):
+        from envport.builders import weights
+        from envport.witness.launchers.docker import DockerLauncher
+
+        spec = req.loaded.spec
+        image = req.image or req.identity.image_tag
+        launcher = DockerLauncher(image, python=req.python or "python3", gpus=req.gpus,
+                                  missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG",
+                                  mounts=weights.existing_mounts(spec, weights.weights_root()))
+        return launcher, {"image": image}
+
+    def probe(self, run, where, names, site=None, host=None):
+        return run(["docker", "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])
+
+
+TARGET = Docker()
