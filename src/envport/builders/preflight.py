@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envport.builders import weights as weights_mod
+from envport.core.arch import parse_capability
 from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.spec.model import Spec
@@ -131,15 +132,6 @@ def check_runtime(ctx: Context) -> list[Finding]:
     return []
 
 
-def _sm(text: str) -> tuple[int, int]:
-    """'sm_90a' -> (9, 0); '8.6' -> (8, 6)."""
-    if text.startswith("sm_"):
-        digits = "".join(c for c in text[3:] if c.isdigit())
-        return int(digits[:-1]), int(digits[-1])
-    major, _, minor = text.partition(".")
-    return int(major), int(minor or 0)
-
-
 def check_gpus(ctx: Context) -> list[Finding]:
     want = ctx.spec.resources.gpus
     if want <= 0:
@@ -157,8 +149,9 @@ def check_gpus(ctx: Context) -> list[Finding]:
         return [Finding(NO_ACCELERATOR_REASON, f"the spec asks for {want} GPU(s); {why}", route)]
     out = []
     if ctx.spec.sm_range:
-        lo, hi = (_sm(s) for s in ctx.spec.sm_range)
-        outside = [g for g in gpus if g.get("compute_capability") and not lo <= _sm(g["compute_capability"]) <= hi]
+        lo, hi = (parse_capability(s) for s in ctx.spec.sm_range)
+        outside = [g for g in gpus
+                   if g.get("compute_capability") and not lo <= parse_capability(g["compute_capability"]) <= hi]
         if len(gpus) - len(outside) < want:
             names = ", ".join(f"{g['name']} (sm_{g['compute_capability'].replace('.', '')})" for g in outside)
             out.append(Finding("gpu_outside_sm_range", f"{names} outside the spec's sm_range "

@@ -33,7 +33,7 @@ from envport import __version__
 from envport.core.proc import run
 from envport.engines.gpu import GpuCensus, gpu_inventory, topology, topology_pairs
 from envport.witness.scripts.envport_sentinel import HARDENING_ENV, WITNESS_ENV
-from envport.witness.arch import (
+from envport.core.arch import (
     gpu_runnable,
     parse_capability,
     published_arch_list,

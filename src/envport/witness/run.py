@@ -424,7 +424,7 @@ def _kernel_results(spec: Spec, call: WitnessCall, records: list[dict], launched
     lines: list[str] = []
     ok = bool(rec.get("ok"))
     if rec.get("capability") and rec.get("arch_list") is not None:
-        from envport.witness.arch import gpu_runnable, parse_capability, sm_name
+        from envport.core.arch import gpu_runnable, parse_capability, sm_name
 
         cap = tuple(rec["capability"])
         match = gpu_runnable(cap, rec["arch_list"])
@@ -440,7 +440,7 @@ def _kernel_results(spec: Spec, call: WitnessCall, records: list[dict], launched
                              f"{spec.sm_range[0]}..{spec.sm_range[1]}")
     if not ok:
         detail = rec.get("error") or detail
-        from envport.witness.arch import no_kernel_image_hint
+        from envport.core.arch import no_kernel_image_hint
 
         hint = no_kernel_image_hint(rec.get("error"), rec.get("capability"), rec.get("arch_list"))
         if hint:
@@ -457,7 +457,7 @@ def _fmt_failure(rank: int, op: dict) -> str:
 
 def _rank_problems(ranks: dict[int, dict]) -> tuple[list[str], list[str]]:
     """(one line per distinct error or wrong value, naming its ranks; the fixes and arch hints they carry)."""
-    from envport.witness.arch import no_kernel_image_hint
+    from envport.core.arch import no_kernel_image_hint
 
     by_error: dict[str, list[int]] = {}
     problems: list[str] = []
