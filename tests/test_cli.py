@@ -62,7 +62,7 @@ def test_help_imports_nothing_heavy():
     code = ("import sys; from envport.cli import build_parser; build_parser(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'jinja2', 'docker', 'torch', "
             "'spython', 'yaml', 'testinfra', 'http'}), "
-            "sorted(m for m in sys.modules if m.startswith(('envport.engines', 'envport.builders.docker', 'envport.builders.apptainer', 'envport.report', 'envport.verify', 'envport.witness.run', 'envport.witness.launchers'))))")
+            "sorted(m for m in sys.modules if m.startswith(('envport.engines', 'envport.builders.docker', 'envport.builders.apptainer', 'envport.report', 'envport.verify', 'envport.witness.run', 'envport.witness.plan', 'envport.witness.census', 'envport.witness.judge', 'envport.witness.launchers'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     # nothing heavy, and no engine, builder or report module: registering a command must stay cheap
     assert out.strip() == "[] []"

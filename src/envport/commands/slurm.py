@@ -142,7 +142,8 @@ def run_submit(args) -> int:
     from envport.recipe.identity import resolve
     from envport.witness import slurm_job as slurm
     from envport.witness.checks import check_world_size, parse_checks
-    from envport.witness.run import WitnessOptions, overall
+    from envport.witness.judge import overall
+    from envport.witness.plan import WitnessOptions
 
     only = parse_checks(args.check, "--check")
     check_world_size(args.world_size)
@@ -219,7 +220,7 @@ def _use_slurm_conf(profile) -> None:
 def _plan(spec, opts, profile):
     """The witness calls for the allocation the profile asks for: NCCL worlds from its gres GPUs."""
     from envport.engines.gpu import census_from_gres
-    from envport.witness.run import plan_witnesses
+    from envport.witness.plan import plan_witnesses
 
     return plan_witnesses(spec, opts, census_from_gres(profile.gres))
 

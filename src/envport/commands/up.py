@@ -237,7 +237,9 @@ def _witness(ctx):
     from envport.commands import witness as witness_cmd
     from envport.core.verdict import StepResult, Verdict
     from envport.report import ledger
-    from envport.witness.run import WitnessOptions, overall, run_witnesses
+    from envport.witness.judge import overall
+    from envport.witness.plan import WitnessOptions
+    from envport.witness.run import run_witnesses
 
     args, loaded = ctx["args"], ctx["loaded"]
     if args.target not in witness_cmd.TARGETS:

@@ -66,7 +66,9 @@ def run(args) -> int:
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.witness.checks import check_world_size, parse_checks
-    from envport.witness.run import WitnessOptions, overall, run_witnesses
+    from envport.witness.judge import overall
+    from envport.witness.plan import WitnessOptions
+    from envport.witness.run import run_witnesses
     from envport.witness.scripts.envport_sentinel import FAULT_ENV
 
     only = parse_checks(args.only, "--only")
@@ -119,7 +121,8 @@ def _launcher(args, loaded, identity, opts):
     from envport.builders import weights
     from envport.witness.launchers.docker import DockerLauncher
     from envport.witness.launchers.local import LocalLauncher, activated_env
-    from envport.witness.run import host_gpu_count, requires_gpu
+    from envport.witness.census import host_gpu_count
+    from envport.witness.plan import requires_gpu
 
     spec = loaded.spec
     if args.target == "venv" and args.host:

@@ -39,7 +39,7 @@ from envport.witness.launchers.srun import MASTER_ADDR_FN, SrunLauncher, venv_pr
 from envport.spec.yamlfile import load_model
 from envport.core.progress import Progress, quiet, tail
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
-from envport.witness.run import call_results
+from envport.witness.judge import call_results
 
 CLUSTERS_DIR = Path("slurm") / "clusters"
 TARGETS = ("venv", "docker", "apptainer")
@@ -210,7 +210,7 @@ class JobSpec:
     identity: object  # recipe.identity.Identity: the env this job proves, as the site built it
     profile: ClusterProfile
     target: str  # venv | docker
-    calls: list  # witness.run.WitnessCall, in order
+    calls: list  # witness.plan.WitnessCall, in order
     job_dir: Path
     env: dict  # witness env additions (PYTHONUNBUFFERED, a test fault)
     image: Optional[str] = None  # docker
@@ -329,7 +329,7 @@ def render(job: JobSpec, node_cpus: Optional[int] = None) -> str:
 
 def refusal(job: JobSpec, opts) -> Optional[StepResult]:
     """Why this job cannot run on its cluster (checked before anything is submitted), or None."""
-    from envport.witness.run import requires_gpu
+    from envport.witness.plan import requires_gpu
 
     profile, spec = job.profile, job.loaded.spec
     if not job.calls:
