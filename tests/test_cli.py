@@ -139,7 +139,7 @@ def test_a_weight_dir_cannot_point_a_build_breaking_variable(tmp_path):
 def test_site_and_cluster_profiles_read_through_the_same_hardened_helper(tmp_path):
     from envport.core.errors import SpecError
     from envport.plan.site import load_site
-    from envport.witness.slurm_job import load_cluster
+    from envport.plan.cluster import load_cluster
 
     site = tmp_path / "site.yaml"
     site.write_text("name: s\nnetwrok: host\nhosts: &h {}\n")
