@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from envport.builders.preflight import Context, check_compiler, preflight
+from envport.builders.preflight import Context, check_compiler, preflight, run_checks
 from envport.core.verdict import Verdict
 from envport.spec.loader import load_spec
 
@@ -92,3 +92,19 @@ def test_gpus_outside_sm_range_refuse():
     inv["gpus"][0]["compute_capability"] = "9.0"
     r = preflight(Context(spec, "docker", gpu_inventory=lambda: inv))
     assert r.verdict is Verdict.OK and any("driver 570.1" in ln for ln in r.lines), r
+
+
+def test_findings_have_one_shape_naming_the_check_its_verdict_evidence_and_fix(monkeypatch, tmp_path):
+    """core/finding.Finding (issue 24): a problem is REFUSED with its evidence and fix, a note is SKIPPED
+    (reported, not judged), and each names the check it came from."""
+    from envport.core.finding import Finding
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc: the real lookup fails
+    spec = _demo().model_copy(update={"system_pkgs": ["build-essential"]})
+    found = run_checks(Context(spec, "venv", weights_root=tmp_path))
+    assert all(isinstance(f, Finding) for f in found)
+    compiler = [f for f in found if f.check == "compiler"]
+    assert [(f.reason, f.verdict) for f in compiler] == [("compiler_missing", Verdict.REFUSED)]
+    assert "build-essential" in compiler[0].evidence and compiler[0].fix
+    notes = [f for f in found if not f.reason]
+    assert notes and all(f.verdict is Verdict.SKIPPED and f.check for f in notes), notes

@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 from envport.builders import weights as weights_mod
 from envport.core.arch import parse_capability
+from envport.core.finding import Finding
 from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.spec.model import Spec
@@ -28,22 +29,6 @@ DEFAULT_MARGIN_GB = 1.0
 SMALL_SHM_GIB = 1.0
 # System packages that mean "a phase compiles C/C++": on a host target the host must have the compiler.
 COMPILER_PKGS = frozenset({"build-essential", "gcc", "g++", "clang", "cmake", "ninja-build", "make"})
-
-
-@dataclass(frozen=True)
-class Finding:
-    reason: str  # stable token; empty for a note
-    message: str
-    fix: str = ""
-
-    @property
-    def is_problem(self) -> bool:
-        return bool(self.reason)
-
-    def line(self) -> str:
-        if not self.is_problem:
-            return f"note: {self.message}"
-        return f"{self.reason}: {self.message}" + (f" (fix: {self.fix})" if self.fix else "")
 
 
 @dataclass
@@ -191,14 +176,19 @@ CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (check_runtime, check_g
                                                            check_shm)
 
 
+def run_checks(ctx: Context) -> list[Finding]:
+    """Every check's findings, each naming the check it came from (check_disk -> "disk")."""
+    return [replace(f, check=check.__name__.removeprefix("check_")) for check in CHECKS for f in check(ctx)]
+
+
 def preflight(ctx: Context) -> StepResult:
     start = time.monotonic()
-    findings = [f for check in CHECKS for f in check(ctx)]
+    findings = run_checks(ctx)
     problems = [f for f in findings if f.is_problem]
     notes = [f.line() for f in findings if not f.is_problem]
     step = f"preflight {ctx.spec.name} ({ctx.target}{' on ' + ctx.host if ctx.host else ''})"
     if problems:
-        return StepResult(step, Verdict.REFUSED, "; ".join(p.message for p in problems), reason=problems[0].reason,
+        return StepResult(step, Verdict.REFUSED, "; ".join(p.evidence for p in problems), reason=problems[0].reason,
                           lines=[p.line() for p in problems] + notes, seconds=time.monotonic() - start,
                           data={"problems": [p.reason for p in problems]})
     return StepResult(step, Verdict.OK, f"{len(CHECKS)} checks passed (disk, runtime, GPUs, compiler, /dev/shm)",

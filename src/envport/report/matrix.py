@@ -151,7 +151,7 @@ class Probes:
 
 def _findings(what: str, check, ctx) -> list[Need]:
     """A preflight check's problems (builders/preflight.py) as unmet needs."""
-    return [Need(what, False, f.message, f.reason, f.fix) for f in check(ctx) if f.is_problem]
+    return [Need(what, False, f.evidence, f.reason, f.fix) for f in check(ctx) if f.is_problem]
 
 
 def _gpu_need(loaded, ctx) -> list[Need]:
