@@ -119,6 +119,9 @@ def _unsupported(exc):
 
 
 def run_collectives(torch, dist, rank, world, device, chk):
+    # Over 80 lines on purpose: each collective is one record() call beside its analytic expected
+    # value, read top to bottom in the order the ranks run them; split up, the order every rank must
+    # share (a collective called out of order hangs the group) would hide across functions.
     def val(r):  # what rank r contributes
         return torch.full((CHUNK,), float(r + 1), device=device)
 
@@ -362,6 +365,9 @@ def _group_timeout_s(torch, group, device):
 
 def run_rank(rank, world, local_rank, opts, result_path=None):
     """One rank, both modes.  Returns True if every check on this rank passed."""
+    # Over 80 lines on purpose: one try block holds a rank's whole life (group start, each check,
+    # barrier, teardown) so any failure, wherever it happens, is reported on one sentinel line with
+    # the check it was in and the checks it never reached.
     for key, value in WITNESS_ENV.items():
         os.environ.setdefault(key, value)
     fault_list = faults()
