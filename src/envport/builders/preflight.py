@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envport.builders import weights as weights_mod
-from envport.core.arch import parse_capability
+from envport.core.arch import driver_check, flavour_cuda, parse_capability, torch_flavour
 from envport.core.finding import Finding
 from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
@@ -145,9 +145,37 @@ def check_gpus(ctx: Context) -> list[Finding]:
                                "covers this card and widen sm_range"))
         if any(not g.get("compute_capability") for g in gpus):
             out.append(Finding("", "nvidia-smi reports no compute capability (driver < 510): sm_range not judged"))
-    out.append(Finding("", f"driver {inv.get('driver')}: the spec declares no driver floor, so it is reported, "
-                       "not judged"))
+    out.append(_driver_finding(ctx.spec, inv))
     return out
+
+
+def torch_pin(spec: Spec) -> tuple[Optional[str], Optional[str]]:
+    """(the version the spec's last phase naming torch pins, the index that phase installs it from)."""
+    from packaging.requirements import Requirement
+
+    from envport.spec.model import canonical_name, last_pins
+
+    index_url = None
+    for phase in spec.pip_phases:
+        for text in phase.packages:
+            if canonical_name(Requirement(text).name) == "torch":
+                index_url = phase.index_url
+    return last_pins(spec).get("torch"), index_url
+
+
+def _driver_finding(spec: Spec, inv: dict) -> Finding:
+    """The driver against the CUDA build of the spec's torch pin: the judgement `envport doctor` makes
+    against the torch it probes (core.arch.driver_check), made here before anything is built."""
+    pin, index_url = torch_pin(spec)
+    flavour, how = torch_flavour(pin, index_url) if pin else (None, "")
+    drv = driver_check(inv.get("driver"), inv.get("cuda_driver"), flavour_cuda(flavour))
+    # Only a build the spec names (a +cuXYZ tag, a pytorch.org index) refuses: PyPI's default build is
+    # a guess where a site's index or wheelhouse may install another one.
+    if drv["ok"] is False and not how.startswith("PyPI's default"):
+        detail, _, fix = drv["detail"].partition(" fix: ")
+        return Finding("driver_too_old", detail, fix)
+    guess = f" (if PyPI's default build is installed: {how})" if how.startswith("PyPI's default") else ""
+    return Finding("", f"driver {inv.get('driver')}: {drv['detail']}{guess}")
 
 
 def check_compiler(ctx: Context) -> list[Finding]:

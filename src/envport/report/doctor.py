@@ -34,6 +34,7 @@ from envport.core.proc import run
 from envport.engines.gpu import GpuCensus, gpu_inventory, topology, topology_pairs
 from envport.witness.scripts.envport_sentinel import HARDENING_ENV, WITNESS_ENV
 from envport.core.arch import (
+    driver_check,
     gpu_runnable,
     parse_capability,
     published_arch_list,
@@ -44,14 +45,6 @@ from envport.core.arch import (
 
 SCHEMA_VERSION = 2  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields
 
-# The oldest driver each CUDA major runs on under minor version compatibility,
-# from NVIDIA's CUDA Toolkit Release Notes, table "CUDA Toolkit and Minimum
-# Required Driver Version for CUDA Minor Version Compatibility" (Linux x86-64):
-# 13.x >= 580, 12.x >= 525.60.13, 11.x >= 450.80.02.  Below it torch's CUDA
-# build does not load: torch.cuda.is_available() is False with only a warning
-# ("The NVIDIA driver on your system is too old (found version 12080)").  A
-# cu130 wheel therefore needs an R580+ driver.
-DRIVER_FLOORS: dict[int, str] = {13: "580", 12: "525.60.13", 11: "450.80.02"}
 RECOMMENDED_FREE_DISK_GB = 150.0  # images + envs + weights + build caches
 
 _TORCH_PROBE = r"""
@@ -196,42 +189,6 @@ def usable_gpus(free: int, torch_info: dict, driver: dict) -> tuple[int, str]:
                   f"{torch_info.get('python')} can use {seen}: {cause}; counted {seen}")
 
 
-def _version_tuple(text: Optional[str]) -> Optional[tuple[int, ...]]:
-    try:
-        return tuple(int(x) for x in (text or "").split("."))
-    except ValueError:
-        return None
-
-
-def driver_check(driver: Optional[str], driver_cuda: Optional[str], torch_cuda: Optional[str]) -> dict:
-    """The driver against torch's CUDA build: the floor it needs, named, and whether this one meets it."""
-    out: dict = {"driver": driver, "driver_cuda": driver_cuda, "torch_cuda": torch_cuda, "floor": None,
-                 "ok": None}
-    build = _version_tuple(torch_cuda)
-    if not build:
-        out["detail"] = "torch is a CPU build (or was not probed): no driver floor to meet"
-        return out
-    floor = DRIVER_FLOORS.get(build[0])
-    out["floor"] = floor
-    need = (f"torch's CUDA {torch_cuda} build needs an NVIDIA driver >= {floor} (R{floor.split('.')[0]}+, "
-            f"NVIDIA's minor-version-compatibility table)" if floor else
-            f"torch's CUDA {torch_cuda} build: no driver floor recorded for CUDA {build[0]}.x")
-    have, have_cuda = _version_tuple(driver), _version_tuple(driver_cuda)
-    if have is None and have_cuda is None:
-        out["detail"] = f"{need}; this host's driver is unknown (no nvidia-smi answer)"
-        return out
-    too_old = bool((floor and have and have < _version_tuple(floor))
-                   or (have_cuda and have_cuda[:1] < build[:1]))
-    out["ok"] = not too_old
-    seen = f"this host's driver is {driver or '?'} (CUDA {driver_cuda or '?'})"
-    if too_old:
-        out["detail"] = (f"{need}; {seen}: torch.cuda.is_available() will be False. fix: upgrade the driver "
-                         f"to {floor or 'a newer branch'}+, or pin a torch built for CUDA {driver_cuda or 'this driver'}")
-    else:
-        out["detail"] = f"{need}; {seen}: meets it"
-    return out
-
-
 def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
     """torch's arch list judged against each GPU's capability."""
     arch_list = torch_info.get("arch_list") if torch_info.get("available") else None
@@ -259,16 +216,9 @@ def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
 
 def env_arch(spec) -> dict:
     """The env's torch pin -> its published arch list -> the verdict on its sm_range. No GPU needed."""
-    from packaging.requirements import Requirement
+    from envport.builders.preflight import torch_pin
 
-    from envport.spec.model import canonical_name, last_pins
-
-    pin = last_pins(spec).get("torch")
-    index_url = None
-    for phase in spec.pip_phases:
-        for text in phase.packages:
-            if canonical_name(Requirement(text).name) == "torch":
-                index_url = phase.index_url
+    pin, index_url = torch_pin(spec)
     out: dict = {"name": spec.name, "torch_pin": pin, "index_url": index_url, "sm_range": spec.sm_range}
     if pin is None:
         out.update(flavour=None, how="the spec pins no torch", arch_list=None, verdict=None,
