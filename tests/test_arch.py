@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envport.witness.arch import (
+from envport.core.arch import (
     PUBLISHED_ARCH_LISTS,
     PUBLISHED_ARCH_LISTS_BY_MINOR,
     capabilities_in_range,

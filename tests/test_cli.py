@@ -62,7 +62,7 @@ def test_help_imports_nothing_heavy():
     code = ("import sys; from envport.cli import build_parser; build_parser(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'jinja2', 'docker', 'torch', "
             "'spython', 'yaml', 'testinfra', 'http'}), "
-            "sorted(m for m in sys.modules if m.startswith(('envport.engines', 'envport.builders.docker', 'envport.builders.apptainer', 'envport.report', 'envport.verify', 'envport.witness.run', 'envport.witness.launchers'))))")
+            "sorted(m for m in sys.modules if m.startswith(('envport.engines', 'envport.builders.docker', 'envport.builders.apptainer', 'envport.report', 'envport.verify', 'envport.witness.run', 'envport.witness.plan', 'envport.witness.census', 'envport.witness.judge', 'envport.witness.launchers'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     # nothing heavy, and no engine, builder or report module: registering a command must stay cheap
     assert out.strip() == "[] []"
@@ -139,7 +139,7 @@ def test_a_weight_dir_cannot_point_a_build_breaking_variable(tmp_path):
 def test_site_and_cluster_profiles_read_through_the_same_hardened_helper(tmp_path):
     from envport.core.errors import SpecError
     from envport.plan.site import load_site
-    from envport.witness.slurm_job import load_cluster
+    from envport.plan.cluster import load_cluster
 
     site = tmp_path / "site.yaml"
     site.write_text("name: s\nnetwrok: host\nhosts: &h {}\n")

@@ -280,3 +280,61 @@ def test_infra_md_names_paths_relative_to_the_root_or_home(tmp_path):
     assert str(tmp_path) not in text
     report["torch"]["python"] = str(Path.home() / "venvs" / "t" / "bin" / "python")
     assert "`~/venvs/t/bin/python`" in render_infra_md(report, tmp_path)
+
+
+# --- the text report, exact (the template in report/doctor.txt.j2 renders it) ---------------------
+
+FULL_REPORT = {
+    "host": {"hostname": "node1", "platform": "Linux", "machine": "x86_64", "cpus": 16, "python": "3.11.7"},
+    "gpus": {"nvidia_smi": "/usr/bin/nvidia-smi", "driver": "580.65", "cuda_driver": "13.0", "error": None,
+             "odd": [], "gpus": [
+                 {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H200", "memory_total_mib": 143771.0,
+                  "memory_used_mib": 0.0, "compute_capability": "9.0", "processes": 0, "in_use": False},
+                 {"index": 1, "uuid": None, "name": "NVIDIA H200", "memory_total_mib": None,
+                  "memory_used_mib": None, "compute_capability": None, "processes": 1, "in_use": True}]},
+    "census": {"nvidia_smi": 2, "torch": 2, "count": 2, "where": "this host", "note": "one GPU in use"},
+    "topology_pairs": [{"a": 0, "b": 1, "link": "NV18", "kind": "nvlink", "via": "18 NVLink(s)"}],
+    "topology": "\tGPU0\tGPU1\nGPU0\t X \tNV18",
+    "torch": {"python": "/env/bin/python", "available": True, "version": "2.11.0+cu130", "cuda": "13.0",
+              "nccl": None, "cuda_available": True, "gloo": True, "nccl_backend": True, "dtensor": False,
+              "arch_list": ["sm_80", "sm_90"], "warnings": ["a warning"], "devices": []},
+    "driver": {"floor": "580", "ok": False, "detail": "driver 570 is below 580"},
+    "arch": [{"index": 0, "detail": "sm_90 runs via sm_90"}],
+    "disk": {"path": "/scratch", "free_gb": 73.6, "total_gb": 270.6, "recommended_gb": 150.0, "ok": False},
+    "shm": {"path": "/dev/shm", "size_gb": 25.28, "free_gb": 25.28},
+    "tools": {"docker": {"path": "/usr/bin/docker", "engine": False}, "apptainer": {"path": None},
+              "srun": {"path": "/usr/bin/srun"}},
+    "testable": {"free_gpus": 1, "tier": "basic", "route": "local", "note": "1 free GPU"},
+    "env": {"name": "demo", "torch_pin": "2.11.0", "flavour": "cu130", "how": "the pin's index",
+            "sm_range": ["sm_80", "sm_90"], "arch_list": ["sm_80", "sm_90"], "ok": None, "detail": "not judged"},
+    "verdict": "2 GPU(s)",
+}
+
+
+def test_text_report_exact_for_every_kind_of_line():
+    """Every line kind the text report has, in one report; the expected text is what the string code
+    printed before the template replaced it (issue 24: the rendering stays byte-identical)."""
+    assert render_text(FULL_REPORT) == (
+    'envport doctor on node1 (x86_64, 16 CPUs)\n'
+    'GPUs: 2, driver 580.65, CUDA (driver) 13.0\n'
+    '  [0] NVIDIA H200 cc 9.0 0/143771 MiB free\n'
+    '  [1] NVIDIA H200 cc ? ?/? MiB IN USE\n'
+    '  note: one GPU in use\n'
+    '  GPU0 <-> GPU1: NV18 (nvlink: 18 NVLink(s))\n'
+    'topology (nvidia-smi topo -m):\n'
+    '  \tGPU0\tGPU1\n'
+    '  GPU0\t X \tNV18\n'
+    'torch 2.11.0+cu130 (CUDA build 13.0, NCCL none) in /env/bin/python: cuda available True, gloo True, nccl True, DTensor False\n'
+    '  arch list: sm_80 sm_90\n'
+    '  torch says: a warning\n'
+    'driver: TOO OLD driver 570 is below 580\n'
+    '  GPU 0: sm_90 runs via sm_90\n'
+    'disk: 73.6 GB free of 270.6 GB at /scratch (below the ~150 GB recommendation)\n'
+    '/dev/shm: 25.28 GB\n'
+    'tools: docker yes (engine down), apptainer no, srun yes\n'
+    'testable: 1 free GPU (tier basic, route local)\n'
+    "env demo: torch 2.11.0 [cu130; the pin's index], sm_range ['sm_80', 'sm_90']\n"
+    '  arch list: sm_80 sm_90\n'
+    '  unknown  not judged\n'
+    'verdict: 2 GPU(s)\n'
+    )

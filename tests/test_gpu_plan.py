@@ -16,8 +16,9 @@ from envport.engines.gpu import GpuCensus, census_from_gres, gpu_count, gpu_inve
 from envport.spec.model import Spec
 from envport.witness.launchers.base import LaunchResult
 from envport.witness.launchers.local import LocalLauncher
-from envport.witness.run import (WitnessCall, WitnessOptions, call_results, plan_witnesses, run_witnesses,
-                                with_outcomes)
+from envport.witness.judge import call_results, with_outcomes
+from envport.witness.plan import WitnessCall, WitnessOptions, plan_witnesses
+from envport.witness.run import run_witnesses
 from envport.witness.scripts import dist
 from .fake_gpu import H200, TOPO_4_NVLINK, fake_nvidia_smi, path_with
 from .support import torch_python
@@ -339,7 +340,7 @@ def test_kernel_witness_forwards_torchs_cuda_warning_for_real():
     from pathlib import Path
 
     from envport.witness.launchers.base import WITNESS_DIR
-    from envport.witness.run import parse_sentinels
+    from envport.witness.judge import parse_sentinels
 
     with tempfile.TemporaryDirectory() as d:
         Path(d, "sitecustomize.py").write_text(

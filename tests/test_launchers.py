@@ -24,7 +24,7 @@ from envport.witness.launchers.docker import DockerLauncher
 from envport.witness.launchers.local import LocalLauncher
 from envport.witness.launchers.docker import MOUNT_POINT
 from envport.core.verdict import Verdict
-from envport.witness.run import parse_sentinels
+from envport.witness.judge import parse_sentinels
 
 from .support import needs_bwrap
 
@@ -279,7 +279,8 @@ def test_docker_ctrl_c_removes_the_container(base_image, sigint_raises):
 
 def test_docker_collectives_with_torch_image(demo_image):
     from envport.spec.model import Spec
-    from envport.witness.run import WitnessOptions, run_witnesses
+    from envport.witness.plan import WitnessOptions
+    from envport.witness.run import run_witnesses
 
     spec = Spec(name="wit", base="debian:bookworm", python="3.11",
                 witnesses={"kernel": True, "collectives": {"world_size": 2}})

@@ -143,3 +143,24 @@ def test_architecture_doc_lists_the_same_layers():
     assert block, "docs/architecture.md needs a ```layers block naming the layer order"
     named = [line.split()[0].rstrip("/") for line in block.group(1).splitlines() if line.strip()]
     assert named == LAYERS, f"docs/architecture.md says {named}, tests/test_layers.py says {LAYERS}"
+
+
+SLURM_CLIENT = {"sbatch", "squeue", "scontrol", "sacct", "scancel", "sinfo"}
+
+
+def test_the_witness_layer_holds_no_slurm_client_profiles_or_sif_build():
+    """witness/ holds only witnessing: the Slurm client is engines/slurm, cluster profiles plan/cluster,
+    the SIF build job builders/apptainer/sif_job (issue 24).  launchers/ (srun) is the launcher's own."""
+    found = []
+    for path in sorted((SRC / "witness").rglob("*.py")):
+        rel = path.relative_to(SRC / "witness")
+        if rel.parts[0] in ("scripts", "launchers"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant)
+                    and node.elts[0].value in SLURM_CLIENT):
+                found.append(f"witness/{rel}:{node.lineno}: runs {node.elts[0].value}")
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in (
+                    "ClusterProfile", "load_cluster", "render_sif_build"):
+                found.append(f"witness/{rel}:{node.lineno}: defines {node.name}")
+    assert not found, "\n".join(found)

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from envport.builders.preflight import Context, check_compiler, preflight
+from envport.builders.preflight import Context, check_compiler, preflight, run_checks
 from envport.core.verdict import Verdict
 from envport.spec.loader import load_spec
 from envport.targets.registry import get
@@ -93,3 +93,36 @@ def test_gpus_outside_sm_range_refuse():
     inv["gpus"][0]["compute_capability"] = "9.0"
     r = preflight(Context(spec, "docker", gpu_inventory=lambda: inv))
     assert r.verdict is Verdict.OK and any("driver 570.1" in ln for ln in r.lines), r
+
+
+def test_findings_have_one_shape_naming_the_check_its_verdict_evidence_and_fix(monkeypatch, tmp_path):
+    """core/finding.Finding (issue 24): a problem is REFUSED with its evidence and fix, a note is SKIPPED
+    (reported, not judged), and each names the check it came from."""
+    from envport.core.finding import Finding
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc: the real lookup fails
+    spec = _demo().model_copy(update={"system_pkgs": ["build-essential"]})
+    found = run_checks(Context(spec, "venv", weights_root=tmp_path))
+    assert all(isinstance(f, Finding) for f in found)
+    compiler = [f for f in found if f.check == "compiler"]
+    assert [(f.reason, f.verdict) for f in compiler] == [("compiler_missing", Verdict.REFUSED)]
+    assert "build-essential" in compiler[0].evidence and compiler[0].fix
+    notes = [f for f in found if not f.reason]
+    assert notes and all(f.verdict is Verdict.SKIPPED and f.check for f in notes), notes
+
+
+def test_a_driver_below_the_floor_of_the_pinned_cuda_build_refuses():
+    """The driver judged once, by core.arch.driver_check, for doctor and preflight alike (issue 24).
+    Injected: nvidia-smi's answer (this host has no GPU and no driver to be too old)."""
+    base = _demo()
+    phases = [p.model_copy(update={"packages": ["torch==2.5.1+cu124" if p_.startswith("torch") else p_
+                                                for p_ in p.packages]}) for p in base.pip_phases]
+    spec = base.model_copy(update={"resources": base.resources.model_copy(update={"gpus": 1}), "pip_phases": phases})
+    inv = {"nvidia_smi": "/usr/bin/nvidia-smi", "driver": "520.61", "cuda_driver": "12.0", "gpus": [
+        {"index": 0, "name": "NVIDIA A100", "compute_capability": "8.0"}]}
+    r = preflight(Context(spec, "docker", gpu_inventory=lambda: inv))
+    assert r.verdict is Verdict.REFUSED and r.reason == "driver_too_old", r
+    assert "525.60.13" in r.detail and any("fix: upgrade the driver" in ln for ln in r.lines), r.lines
+    inv["driver"] = "550.54"
+    r = preflight(Context(spec, "docker", gpu_inventory=lambda: inv))
+    assert r.verdict is Verdict.OK and any("driver 550.54:" in ln and "meets it" in ln for ln in r.lines), r.lines

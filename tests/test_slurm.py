@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from envport.witness import slurm_job as envport_slurm
+from envport.engines.slurm import sacct_job
+from envport.plan.cluster import cluster_names, load_cluster, slurm_time_seconds
 from envport.core.errors import SpecError
 
 from .support import ENV_NAME, begun_job, cli_env, copy_tracked, fail_with, run_envport
@@ -55,11 +56,11 @@ def submit(root: Path, *args: str, env: dict | None = None, timeout: float = 300
 
 
 def test_shipped_profiles_validate():
-    names = envport_slurm.cluster_names(None)
+    names = cluster_names(None)
     assert {"local", "example-gpu"} <= set(names)
-    local = envport_slurm.load_cluster("local", None)
+    local = load_cluster("local", None)
     assert local.partition == "debug" and local.container_runtime == "docker" and local.max_pending == 120
-    gpu = envport_slurm.load_cluster("example-gpu", None)
+    gpu = load_cluster("example-gpu", None)
     assert gpu.gres == "gpu:4" and gpu.time_s == 3600
 
 
@@ -75,7 +76,7 @@ def test_a_typo_in_a_profile_is_an_error_with_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: bad\npartition: debug\npartitoin: gpu\ntime: soon\nmax_pending: forever\n")
     with pytest.raises(SpecError) as exc:
-        envport_slurm.load_cluster(str(path), None)
+        load_cluster(str(path), None)
     text = str(exc.value)
     assert f"{path}:3: partitoin" in text  # unknown key, named with its line
     assert "time" in text and "not a Slurm time" in text
@@ -85,7 +86,7 @@ def test_a_typo_in_a_profile_is_an_error_with_file_and_line(tmp_path):
 @pytest.mark.parametrize("value,seconds", [("10", 600), ("1:30", 90), ("01:00:00", 3600), ("1-00", 86400),
                                            ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5)])
 def test_slurm_time_formats(value, seconds):
-    assert envport_slurm.slurm_time_seconds(value) == seconds
+    assert slurm_time_seconds(value) == seconds
 
 
 def test_dry_run_prints_a_script_bash_accepts_with_every_value_quoted(session_project, tmp_path):
@@ -127,6 +128,7 @@ def test_the_wheel_carries_the_slurm_folder(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for member in ("envport/slurm_files/__init__.py", "envport/slurm_files/witness.sbatch.j2",
                    "envport/slurm_files/clusters/local.yaml", "envport/witness/slurm_job.py",
+                   "envport/engines/slurm.py", "envport/plan/cluster.py", "envport/builders/apptainer/sif_job.py",
                    "envport/witness/launchers/srun.py", "envport/witness/launchers/ssh.py", "envport/verify/backends.py"):
         assert member in names, member
 
@@ -151,7 +153,7 @@ def test_collectives_pass_as_two_tasks_with_the_venv(slurm, local_venv, jobs_dir
     assert "master " in log and "ENVPORT-WITNESS" in log
     assert not (Path(out["job_dir"]) / "witnesses").exists(), "the job removes its copy of the witnesses"
     # Without a database, the job-completion file still has it (what envport reads once scontrol forgets).
-    assert envport_slurm.sacct_job(out["job_id"]) == {"JobState": "COMPLETED", "ExitCode": "0:0"}
+    assert sacct_job(out["job_id"]) == {"JobState": "COMPLETED", "ExitCode": "0:0"}
     from envport.report import ledger as envport_ledger
     ledger = envport_ledger.read(root, ENV_NAME)  # this user's state dir, not the checkout
     rec = next(r for r in reversed(ledger) if r["kind"] == "witness" and r.get("slurm"))

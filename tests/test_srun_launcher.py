@@ -15,7 +15,8 @@ from envport.witness.launchers.docker import DockerLauncher
 from envport.witness.launchers.local import LocalLauncher
 from envport.witness.launchers.srun import SrunLauncher, venv_prelude, world_of
 from envport.spec.loader import load_spec
-from envport.witness.run import WitnessOptions, run_witnesses
+from envport.witness.plan import WitnessOptions
+from envport.witness.run import run_witnesses
 
 from .support import ENV_NAME
 

@@ -23,7 +23,7 @@ from envport.witness.launchers.ssh import SshLauncher, prefix_expr, remote_word,
 from envport.witness.launchers.base import WITNESS_DIR
 from envport.plan.site import SshHost as SiteSshHost
 
-from envport.witness.run import parse_sentinels
+from envport.witness.judge import parse_sentinels
 
 from .support import ENV_NAME, cli_env, fail_with, needs_bwrap, run_envport
 

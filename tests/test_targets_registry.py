@@ -43,7 +43,7 @@ KNOWN = {
     ("renderers/__init__.py", "<module>"): "renderers: recipe kinds, not targets (docker, apptainer, shell)",
     ("renderers/shell.py", "<module>"): "renderers: the setup script's two flavours",
     ("recipe/render.py", "render_plan"): "recipe: the recipe kinds rendered together",
-    ("witness/slurm_job.py", "<module>"): "witness (helper house): the Slurm job's container runtimes",
+    ("plan/cluster.py", "<module>"): "a cluster profile's container_runtime: the runtimes its nodes have (a field's allowed values), not a target list",
     ("witness/slurm_job.py", "srun_launcher"): "witness (helper house)",
     ("witness/slurm_job.py", "render"): "witness (helper house)",
     ("witness/slurm_job.py", "refusal"): "witness (helper house)",

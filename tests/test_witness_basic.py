@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from envport.witness.launchers.base import WITNESS_DIR
-from envport.witness.run import parse_sentinels
+from envport.witness.judge import parse_sentinels
 from envport.witness.scripts.envport_sentinel import PREFIX
 from .support import torch_python
 

@@ -19,7 +19,9 @@ from envport.witness.launchers.base import WITNESS_DIR
 from envport.witness.launchers.local import LocalLauncher
 from envport.spec.model import Spec
 from envport.core.verdict import Verdict
-from envport.witness.run import WitnessOptions, parse_sentinels, run_witnesses
+from envport.witness.judge import parse_sentinels
+from envport.witness.plan import WitnessOptions
+from envport.witness.run import run_witnesses
 from .support import torch_python
 
 

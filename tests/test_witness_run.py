@@ -13,7 +13,8 @@ import pytest
 from envport.witness.launchers.local import LocalLauncher
 from envport.spec.model import Spec
 from envport.core.verdict import EXIT_NO_ACCELERATOR, NO_ACCELERATOR_REASON, Verdict, exit_code
-from envport.witness.run import WitnessOptions, plan, run_witnesses
+from envport.witness.plan import WitnessOptions, plan
+from envport.witness.run import run_witnesses
 from .support import run_envport, torch_python
 
 HERE = "%d.%d" % sys.version_info[:2]

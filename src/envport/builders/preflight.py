@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 from envport.builders import weights as weights_mod
+from envport.core.arch import driver_check, flavour_cuda, parse_capability, torch_flavour
+from envport.core.finding import Finding
 from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.spec.model import Spec
@@ -27,22 +29,6 @@ DEFAULT_MARGIN_GB = 1.0
 SMALL_SHM_GIB = 1.0
 # System packages that mean "a phase compiles C/C++": on a host target the host must have the compiler.
 COMPILER_PKGS = frozenset({"build-essential", "gcc", "g++", "clang", "cmake", "ninja-build", "make"})
-
-
-@dataclass(frozen=True)
-class Finding:
-    reason: str  # stable token; empty for a note
-    message: str
-    fix: str = ""
-
-    @property
-    def is_problem(self) -> bool:
-        return bool(self.reason)
-
-    def line(self) -> str:
-        if not self.is_problem:
-            return f"note: {self.message}"
-        return f"{self.reason}: {self.message}" + (f" (fix: {self.fix})" if self.fix else "")
 
 
 @dataclass
@@ -103,15 +89,6 @@ def check_runtime(ctx: Context) -> list[Finding]:
     return ctx.runtime(ctx)
 
 
-def _sm(text: str) -> tuple[int, int]:
-    """'sm_90a' -> (9, 0); '8.6' -> (8, 6)."""
-    if text.startswith("sm_"):
-        digits = "".join(c for c in text[3:] if c.isdigit())
-        return int(digits[:-1]), int(digits[-1])
-    major, _, minor = text.partition(".")
-    return int(major), int(minor or 0)
-
-
 def check_gpus(ctx: Context) -> list[Finding]:
     want = ctx.spec.resources.gpus
     if want <= 0:
@@ -129,8 +106,9 @@ def check_gpus(ctx: Context) -> list[Finding]:
         return [Finding(NO_ACCELERATOR_REASON, f"the spec asks for {want} GPU(s); {why}", route)]
     out = []
     if ctx.spec.sm_range:
-        lo, hi = (_sm(s) for s in ctx.spec.sm_range)
-        outside = [g for g in gpus if g.get("compute_capability") and not lo <= _sm(g["compute_capability"]) <= hi]
+        lo, hi = (parse_capability(s) for s in ctx.spec.sm_range)
+        outside = [g for g in gpus
+                   if g.get("compute_capability") and not lo <= parse_capability(g["compute_capability"]) <= hi]
         if len(gpus) - len(outside) < want:
             names = ", ".join(f"{g['name']} (sm_{g['compute_capability'].replace('.', '')})" for g in outside)
             out.append(Finding("gpu_outside_sm_range", f"{names} outside the spec's sm_range "
@@ -139,9 +117,37 @@ def check_gpus(ctx: Context) -> list[Finding]:
                                "covers this card and widen sm_range"))
         if any(not g.get("compute_capability") for g in gpus):
             out.append(Finding("", "nvidia-smi reports no compute capability (driver < 510): sm_range not judged"))
-    out.append(Finding("", f"driver {inv.get('driver')}: the spec declares no driver floor, so it is reported, "
-                       "not judged"))
+    out.append(_driver_finding(ctx.spec, inv))
     return out
+
+
+def torch_pin(spec: Spec) -> tuple[Optional[str], Optional[str]]:
+    """(the version the spec's last phase naming torch pins, the index that phase installs it from)."""
+    from packaging.requirements import Requirement
+
+    from envport.spec.model import canonical_name, last_pins
+
+    index_url = None
+    for phase in spec.pip_phases:
+        for text in phase.packages:
+            if canonical_name(Requirement(text).name) == "torch":
+                index_url = phase.index_url
+    return last_pins(spec).get("torch"), index_url
+
+
+def _driver_finding(spec: Spec, inv: dict) -> Finding:
+    """The driver against the CUDA build of the spec's torch pin: the judgement `envport doctor` makes
+    against the torch it probes (core.arch.driver_check), made here before anything is built."""
+    pin, index_url = torch_pin(spec)
+    flavour, how = torch_flavour(pin, index_url) if pin else (None, "")
+    drv = driver_check(inv.get("driver"), inv.get("cuda_driver"), flavour_cuda(flavour))
+    # Only a build the spec names (a +cuXYZ tag, a pytorch.org index) refuses: PyPI's default build is
+    # a guess where a site's index or wheelhouse may install another one.
+    if drv["ok"] is False and not how.startswith("PyPI's default"):
+        detail, _, fix = drv["detail"].partition(" fix: ")
+        return Finding("driver_too_old", detail, fix)
+    guess = f" (if PyPI's default build is installed: {how})" if how.startswith("PyPI's default") else ""
+    return Finding("", f"driver {inv.get('driver')}: {drv['detail']}{guess}")
 
 
 def check_compiler(ctx: Context) -> list[Finding]:
@@ -170,14 +176,19 @@ CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (check_runtime, check_g
                                                            check_shm)
 
 
+def run_checks(ctx: Context) -> list[Finding]:
+    """Every check's findings, each naming the check it came from (check_disk -> "disk")."""
+    return [replace(f, check=check.__name__.removeprefix("check_")) for check in CHECKS for f in check(ctx)]
+
+
 def preflight(ctx: Context) -> StepResult:
     start = time.monotonic()
-    findings = [f for check in CHECKS for f in check(ctx)]
+    findings = run_checks(ctx)
     problems = [f for f in findings if f.is_problem]
     notes = [f.line() for f in findings if not f.is_problem]
     step = f"preflight {ctx.spec.name} ({ctx.target}{' on ' + ctx.host if ctx.host else ''})"
     if problems:
-        return StepResult(step, Verdict.REFUSED, "; ".join(p.message for p in problems), reason=problems[0].reason,
+        return StepResult(step, Verdict.REFUSED, "; ".join(p.evidence for p in problems), reason=problems[0].reason,
                           lines=[p.line() for p in problems] + notes, seconds=time.monotonic() - start,
                           data={"problems": [p.reason for p in problems]})
     return StepResult(step, Verdict.OK, f"{len(CHECKS)} checks passed (disk, runtime, GPUs, compiler, /dev/shm)",

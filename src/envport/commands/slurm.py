@@ -82,9 +82,12 @@ def run_build(args) -> int:
     from envport.recipe.identity import resolve
     from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
     from envport.witness import slurm_job as slurm
+    from envport.builders.apptainer.sif_job import render_sif_build
+    from envport.engines.slurm import submit
+    from envport.plan.cluster import load_cluster
 
     loaded = load_one(args, args.name)
-    profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
+    profile = load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
     _use_slurm_conf(profile)
     site = load_site(args.site, loaded.root)
@@ -92,7 +95,7 @@ def run_build(args) -> int:
     job_dir = slurm.new_job_dir(profile, loaded.spec.name)
     context = job_dir / "context"
     rendering = render_plan(resolved.plan, resolved.hash, ("apptainer",), site=site.name)
-    text = slurm.render_sif_build(loaded.spec.name, resolved.identity.hash12, profile, job_dir, context,
+    text = render_sif_build(loaded.spec.name, resolved.identity.hash12, profile, job_dir, context,
                                   f"{loaded.spec.name}.def", sif_path(site, loaded.root, resolved.identity).resolve())
     if args.dry_run:
         sys.stdout.write(text)
@@ -105,7 +108,7 @@ def run_build(args) -> int:
     if any(s.kind == "pip" and s.uses_wheelhouse for s in resolved.plan.steps):
         _shutil.copytree(site.wheelhouse_path(loaded.root, loaded.spec.name), context / WHEELHOUSE_CONTEXT_NAME)
     (job_dir / "job.sbatch").write_text(text)
-    job_id, why = slurm.submit(job_dir / "job.sbatch")
+    job_id, why = submit(job_dir / "job.sbatch")
     if job_id is None:
         print(f"REFUSED  slurm build [sbatch_rejected]: {why}")
         return 3
@@ -114,7 +117,7 @@ def run_build(args) -> int:
 
 
 def run_clusters(args) -> int:
-    from envport.witness import slurm_job as slurm
+    from envport.plan.cluster import cluster_names, load_cluster
     from envport.commands._common import project_root
 
     try:
@@ -122,8 +125,8 @@ def run_clusters(args) -> int:
     except Exception:
         root = None
     rows = []
-    for name in slurm.cluster_names(root):
-        p = slurm.load_cluster(name, root)
+    for name in cluster_names(root):
+        p = load_cluster(name, root)
         rows.append(p.model_dump())
     if args.json:
         json.dump({"command": "slurm clusters", "exit_code": 0, "steps": [], "problems": [], "clusters": rows},
@@ -143,14 +146,16 @@ def run_submit(args) -> int:
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.witness import slurm_job as slurm
+    from envport.plan.cluster import load_cluster
     from envport.witness.checks import check_world_size, parse_checks
-    from envport.witness.run import WitnessOptions, overall
+    from envport.witness.judge import overall
+    from envport.witness.plan import WitnessOptions
 
     only = parse_checks(args.check, "--check")
     check_world_size(args.world_size)
     slots = _check_layout(args)
     loaded = load_one(args, args.name)
-    profile = slurm.load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
+    profile = load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
     _use_slurm_conf(profile)
     opts = WitnessOptions(only=only, world_size=args.world_size or slots, deadline_s=args.deadline)
@@ -221,7 +226,7 @@ def _use_slurm_conf(profile) -> None:
 def _plan(spec, opts, profile):
     """The witness calls for the allocation the profile asks for: NCCL worlds from its gres GPUs."""
     from envport.engines.gpu import census_from_gres
-    from envport.witness.run import plan_witnesses
+    from envport.witness.plan import plan_witnesses
 
     return plan_witnesses(spec, opts, census_from_gres(profile.gres))
 

@@ -61,7 +61,9 @@ def run(args) -> int:
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.witness.checks import check_world_size, parse_checks
-    from envport.witness.run import WitnessOptions, overall, run_witnesses
+    from envport.witness.judge import overall
+    from envport.witness.plan import WitnessOptions
+    from envport.witness.run import run_witnesses
     from envport.witness.scripts.envport_sentinel import FAULT_ENV
 
     only = parse_checks(args.only, "--only")

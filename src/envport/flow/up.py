@@ -141,7 +141,9 @@ def verify(up: Up) -> StepResult:
 
 
 def witness(up: Up) -> StepResult:
-    from envport.witness.run import WitnessOptions, overall, run_witnesses
+    from envport.witness.judge import overall
+    from envport.witness.plan import WitnessOptions
+    from envport.witness.run import run_witnesses
 
     if not up.target.supports(WITNESS):
         # up goes on past a step the target cannot do (the env is still proved by verify): skipped, with why.

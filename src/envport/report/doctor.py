@@ -33,7 +33,8 @@ from envport import __version__
 from envport.core.proc import run
 from envport.engines.gpu import GpuCensus, gpu_inventory, topology, topology_pairs
 from envport.witness.scripts.envport_sentinel import HARDENING_ENV, WITNESS_ENV
-from envport.witness.arch import (
+from envport.core.arch import (
+    driver_check,
     gpu_runnable,
     parse_capability,
     published_arch_list,
@@ -44,14 +45,6 @@ from envport.witness.arch import (
 
 SCHEMA_VERSION = 2  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields
 
-# The oldest driver each CUDA major runs on under minor version compatibility,
-# from NVIDIA's CUDA Toolkit Release Notes, table "CUDA Toolkit and Minimum
-# Required Driver Version for CUDA Minor Version Compatibility" (Linux x86-64):
-# 13.x >= 580, 12.x >= 525.60.13, 11.x >= 450.80.02.  Below it torch's CUDA
-# build does not load: torch.cuda.is_available() is False with only a warning
-# ("The NVIDIA driver on your system is too old (found version 12080)").  A
-# cu130 wheel therefore needs an R580+ driver.
-DRIVER_FLOORS: dict[int, str] = {13: "580", 12: "525.60.13", 11: "450.80.02"}
 RECOMMENDED_FREE_DISK_GB = 150.0  # images + envs + weights + build caches
 
 _TORCH_PROBE = r"""
@@ -196,42 +189,6 @@ def usable_gpus(free: int, torch_info: dict, driver: dict) -> tuple[int, str]:
                   f"{torch_info.get('python')} can use {seen}: {cause}; counted {seen}")
 
 
-def _version_tuple(text: Optional[str]) -> Optional[tuple[int, ...]]:
-    try:
-        return tuple(int(x) for x in (text or "").split("."))
-    except ValueError:
-        return None
-
-
-def driver_check(driver: Optional[str], driver_cuda: Optional[str], torch_cuda: Optional[str]) -> dict:
-    """The driver against torch's CUDA build: the floor it needs, named, and whether this one meets it."""
-    out: dict = {"driver": driver, "driver_cuda": driver_cuda, "torch_cuda": torch_cuda, "floor": None,
-                 "ok": None}
-    build = _version_tuple(torch_cuda)
-    if not build:
-        out["detail"] = "torch is a CPU build (or was not probed): no driver floor to meet"
-        return out
-    floor = DRIVER_FLOORS.get(build[0])
-    out["floor"] = floor
-    need = (f"torch's CUDA {torch_cuda} build needs an NVIDIA driver >= {floor} (R{floor.split('.')[0]}+, "
-            f"NVIDIA's minor-version-compatibility table)" if floor else
-            f"torch's CUDA {torch_cuda} build: no driver floor recorded for CUDA {build[0]}.x")
-    have, have_cuda = _version_tuple(driver), _version_tuple(driver_cuda)
-    if have is None and have_cuda is None:
-        out["detail"] = f"{need}; this host's driver is unknown (no nvidia-smi answer)"
-        return out
-    too_old = bool((floor and have and have < _version_tuple(floor))
-                   or (have_cuda and have_cuda[:1] < build[:1]))
-    out["ok"] = not too_old
-    seen = f"this host's driver is {driver or '?'} (CUDA {driver_cuda or '?'})"
-    if too_old:
-        out["detail"] = (f"{need}; {seen}: torch.cuda.is_available() will be False. fix: upgrade the driver "
-                         f"to {floor or 'a newer branch'}+, or pin a torch built for CUDA {driver_cuda or 'this driver'}")
-    else:
-        out["detail"] = f"{need}; {seen}: meets it"
-    return out
-
-
 def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
     """torch's arch list judged against each GPU's capability."""
     arch_list = torch_info.get("arch_list") if torch_info.get("available") else None
@@ -259,16 +216,9 @@ def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
 
 def env_arch(spec) -> dict:
     """The env's torch pin -> its published arch list -> the verdict on its sm_range. No GPU needed."""
-    from packaging.requirements import Requirement
+    from envport.builders.preflight import torch_pin
 
-    from envport.spec.model import canonical_name, last_pins
-
-    pin = last_pins(spec).get("torch")
-    index_url = None
-    for phase in spec.pip_phases:
-        for text in phase.packages:
-            if canonical_name(Requirement(text).name) == "torch":
-                index_url = phase.index_url
+    pin, index_url = torch_pin(spec)
     out: dict = {"name": spec.name, "torch_pin": pin, "index_url": index_url, "sm_range": spec.sm_range}
     if pin is None:
         out.update(flavour=None, how="the spec pins no torch", arch_list=None, verdict=None,
@@ -359,82 +309,29 @@ def _mib(v) -> str:
     return "?" if v is None else f"{v:.0f}"
 
 
-def render_text(report: dict) -> str:
-    lines = [f"envport doctor on {report['host']['hostname']} ({report['host']['machine']}, "
-             f"{report['host']['cpus']} CPUs)"]
-    inv = report["gpus"]
-    if inv["gpus"]:
-        lines.append(f"GPUs: {len(inv['gpus'])}, driver {inv['driver'] or '?'}, "
-                     f"CUDA (driver) {inv['cuda_driver'] or '?'}")
-        for g in inv["gpus"]:
-            mem = f"{_mib(g['memory_used_mib'])}/{_mib(g['memory_total_mib'])} MiB"
-            lines.append(f"  [{g['index']}] {g['name']} cc {g['compute_capability'] or '?'} {mem}"
-                         + (" IN USE" if g["in_use"] else " free"))
-    else:
-        lines.append("GPUs: none listed by nvidia-smi" + (f" ({inv['error']})" if inv.get("error") else
-                                                           " (nvidia-smi not found)" if inv["nvidia_smi"] is None
-                                                           else ""))
-    devices = report["torch"].get("devices") or []
-    if not inv["gpus"] and devices:
-        lines.append(f"GPUs torch sees: {len(devices)} ("
-                     + "; ".join(f"[{d['index']}] {d['name']} cc {d['capability']}" for d in devices) + ")")
-    census = report.get("census") or {}
-    if census.get("note"):
-        lines.append(f"  note: {census['note']}")
-    for p in report.get("topology_pairs") or []:
-        lines.append(f"  GPU{p['a']} <-> GPU{p['b']}: {p['link']} ({p['kind']}: {p['via']})")
-    if report.get("topology"):
-        lines.append("topology (nvidia-smi topo -m):")
-        lines += [f"  {ln}" for ln in report["topology"].splitlines()]
-    tr = report["torch"]
-    if tr.get("available"):
-        lines.append(f"torch {tr['version']} (CUDA build {tr.get('cuda') or 'none'}, NCCL {tr.get('nccl') or 'none'}) "
-                     f"in {tr['python']}: cuda available {tr.get('cuda_available')}, "
-                     f"gloo {tr.get('gloo')}, nccl {tr.get('nccl_backend')}, DTensor {tr.get('dtensor')}")
-        lines.append(f"  arch list: {' '.join(tr.get('arch_list') or []) or '(none: CPU build)'}")
-        lines += [f"  torch says: {w}" for w in tr.get("warnings") or []]
-    else:
-        lines.append(f"torch: not importable by {tr.get('python')} ({tr.get('error')}); pass --python PATH "
-                     "to probe an env's interpreter")
-    drv = report.get("driver") or {}
-    if drv.get("floor") or drv.get("ok") is not None:
-        verdict = {True: "OK      ", False: "TOO OLD ", None: "unknown "}[drv.get("ok")]
-        lines.append(f"driver: {verdict}{drv['detail']}")
-    for a in report["arch"]:
-        lines.append(f"  GPU {a['index']}: {a['detail']}")
-    d = report["disk"]
-    lines.append(f"disk: {_gb(d['free_gb'])} free of {_gb(d['total_gb'])} at {d['path']} "
-                 f"({'ok' if d['ok'] else 'below'} the ~{d['recommended_gb']:g} GB recommendation)")
-    if report.get("shm"):
-        lines.append(f"/dev/shm: {_gb(report['shm']['size_gb'])}")
-    tl = report["tools"]
-    lines.append("tools: " + ", ".join(
-        f"{k} {'yes' if v['path'] else 'no'}" + (f" (engine {'up' if v.get('engine') else 'down'})" if k == "docker"
-                                                 and v["path"] else "")
-        for k, v in tl.items()))
-    t = report["testable"]
-    lines.append(f"testable: {t['note']} (tier {t['tier']}, route {t['route']})")
-    if "env" in report:
-        e = report["env"]
-        lines.append(f"env {e['name']}: torch {e['torch_pin'] or '-'} "
-                     f"[{e.get('flavour') or '?'}; {e.get('how')}], sm_range {e.get('sm_range')}")
-        lines.append(f"  arch list: {' '.join(e['arch_list']) if e.get('arch_list') else '(none)'}")
-        lines.append(f"  {('OK       ' if e['ok'] else 'REFUSED  ' if e['ok'] is False else 'unknown  ')}{e['detail']}")
-    lines.append(f"verdict: {report['verdict']}")
-    return "\n".join(lines) + "\n"
-
-
+TEXT_TEMPLATE = "doctor.txt.j2"
 INFRA_TEMPLATE = "infra.md.j2"
 
 
-def _infra_template():
+def _template(name: str):
     # The renderers' environment (StrictUndefined, trim_blocks), reading the
-    # template that sits beside this module: the report is a template, not string code.
+    # templates that sit beside this module: a report is a template, not string code.
     import jinja2
 
     from envport.renderers import ENV
 
-    return ENV.overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent))).get_template(INFRA_TEMPLATE)
+    return ENV.overlay(loader=jinja2.FileSystemLoader(str(Path(__file__).parent))).get_template(name)
+
+
+def render_text(report: dict) -> str:
+    """`envport doctor`'s text: one line per fact, the verdict last."""
+    import jinja2
+
+    try:
+        return _template(TEXT_TEMPLATE).render(r=report, mib=_mib, gb=_gb)
+    except jinja2.UndefinedError as exc:
+        # A saved report missing a field: the KeyError `doctor --from` names as "not a saved report".
+        raise KeyError(str(exc)) from exc
 
 
 def portable_path(path: Optional[str], root: Optional[Path]) -> Optional[str]:
@@ -457,5 +354,5 @@ def render_infra_md(report: dict, root: Optional[Path] = None) -> str:
     the project `root` (or `~`), never as this machine's absolute paths."""
     shown = {**report, "torch": {**report["torch"], "python": portable_path(report["torch"].get("python"), root)},
              "disk": {**report["disk"], "path": portable_path(report["disk"]["path"], root)}}
-    return _infra_template().render(r=shown, hardening_env=HARDENING_ENV, witness_env=WITNESS_ENV,
+    return _template(INFRA_TEMPLATE).render(r=shown, hardening_env=HARDENING_ENV, witness_env=WITNESS_ENV,
                                     mib=_mib, gb=_gb)

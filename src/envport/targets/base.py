@@ -177,7 +177,8 @@ class Target(ABC):
 
 def launcher_for(target: Target, loaded, site, identity, opts, **where) -> tuple[Any, dict]:
     """TARGET's witness launcher (the host's GPUs where the spec asks for them and it has some) and its facts."""
-    from envport.witness.run import host_gpu_count, requires_gpu
+    from envport.witness.census import host_gpu_count
+    from envport.witness.plan import requires_gpu
 
     gpus = requires_gpu(loaded.spec, opts) and host_gpu_count() > 0
     return target.launcher(WitnessRequest(loaded, site, identity, gpus=gpus, **where))

@@ -54,7 +54,7 @@ def preflight_context(req: NeedsRequest, target):
 
 def findings(what: str, check, ctx) -> list[Need]:
     """A preflight check's problems (builders/preflight.py) as unmet needs."""
-    return [Need(what, False, f.message, f.reason, f.fix) for f in check(ctx) if f.is_problem]
+    return [Need(what, False, f.evidence, f.reason, f.fix) for f in check(ctx) if f.is_problem]
 
 
 def gpu_need(loaded, ctx) -> list[Need]:

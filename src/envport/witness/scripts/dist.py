@@ -119,6 +119,9 @@ def _unsupported(exc):
 
 
 def run_collectives(torch, dist, rank, world, device, chk):
+    # Over 80 lines on purpose: each collective is one record() call beside its analytic expected
+    # value, read top to bottom in the order the ranks run them; split up, the order every rank must
+    # share (a collective called out of order hangs the group) would hide across functions.
     def val(r):  # what rank r contributes
         return torch.full((CHUNK,), float(r + 1), device=device)
 
@@ -362,6 +365,9 @@ def _group_timeout_s(torch, group, device):
 
 def run_rank(rank, world, local_rank, opts, result_path=None):
     """One rank, both modes.  Returns True if every check on this rank passed."""
+    # Over 80 lines on purpose: one try block holds a rank's whole life (group start, each check,
+    # barrier, teardown) so any failure, wherever it happens, is reported on one sentinel line with
+    # the check it was in and the checks it never reached.
     for key, value in WITNESS_ENV.items():
         os.environ.setdefault(key, value)
     fault_list = faults()
@@ -518,67 +524,59 @@ def _wait_for_dumps(stack_dir, ranks, limit=3.0):
         time.sleep(0.2)
 
 
-def spawn_group(world, opts):
-    """Start `world` ranks here, watch them, report one group line.  Returns the exit code."""
+def _group_device(world, opts):
+    """opts with device cpu or cuda as the GPUs torch sees allow; None where --device cuda cannot be held."""
     import torch
-    import torch.multiprocessing as mp
 
-    t0 = T_START
-    deadline = t0 + opts["deadline"]
-    if opts["device"] == "cuda" or (opts["device"] == "auto" and torch.cuda.is_available()):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count < world:
-            if opts["device"] == "cuda":
-                emit({"check": "group", "ok": False, "world_size": world, "outcome": "no_gpus",
-                      "error": "world size %d needs %d GPUs, torch sees %d" % (world, world, count)})
-                return 1
-            opts = dict(opts, device="cpu")  # auto: fewer GPUs than ranks -> gloo on CPU
-        else:
-            opts = dict(opts, device="cuda")
-    else:
-        opts = dict(opts, device="cpu")
-    for key, value in WITNESS_ENV.items():
-        os.environ.setdefault(key, value)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
-    stack_dir = tempfile.mkdtemp(prefix="envport-dist-")
-    ctx = mp.start_processes(_spawn_entry, args=(world, opts, stack_dir), nprocs=world,
-                             join=False, start_method="spawn")
-    procs = ctx.processes
+    if not (opts["device"] == "cuda" or (opts["device"] == "auto" and torch.cuda.is_available())):
+        return dict(opts, device="cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count >= world:
+        return dict(opts, device="cuda")
+    if opts["device"] == "cuda":
+        emit({"check": "group", "ok": False, "world_size": world, "outcome": "no_gpus",
+              "error": "world size %d needs %d GPUs, torch sees %d" % (world, world, count)})
+        return None
+    return dict(opts, device="cpu")  # auto: fewer GPUs than ranks -> gloo on CPU
+
+
+def _watch(ctx, deadline):
+    """(outcome, note) once every rank ended, one failed, or the deadline passed."""
     # grace_period (torch >= 2.2) bounds how long join waits before it kills
     # the peers of a failed rank; older torch kills them at once.
     import inspect
     join_kw = {"grace_period": 1.0} if "grace_period" in inspect.signature(ctx.join).parameters else {}
-    outcome, note = "ok", ""
     while True:
-        dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-        if dead:
-            outcome = "rank_failed"
-            break
+        if any(p.exitcode not in (None, 0) for p in ctx.processes):
+            return "rank_failed", ""
         left = deadline - time.time()
         if left <= 0:
-            outcome = "deadline"
-            break
+            return "deadline", ""
         try:
             if ctx.join(timeout=min(1.0, left), **join_kw):
-                break
+                return "ok", ""
         except Exception as exc:  # ProcessExitedException/ProcessRaisedException: join ended the rest
-            outcome, note = "rank_failed", str(exc).splitlines()[0]
-            break
+            return "rank_failed", str(exc).splitlines()[0]
+
+
+def _stop_alive(procs, stack_dir):
+    """Ask the ranks still running for their stacks (SIGUSR1), then kill them; the ranks that were alive."""
     alive = [i for i, p in enumerate(procs) if p.is_alive()]
-    if outcome != "ok" and alive:
-        for i in alive:
-            try:
-                os.kill(procs[i].pid, signal.SIGUSR1)
-            except OSError:
-                pass
+    for i in alive:
+        try:
+            os.kill(procs[i].pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    if alive:
         _wait_for_dumps(stack_dir, alive)
-        for i in alive:
-            if procs[i].is_alive():
-                procs[i].kill()
-    for p in procs:
-        p.join(10)
-    exitcodes = [p.exitcode for p in procs]
+    for i in alive:
+        if procs[i].is_alive():
+            procs[i].kill()
+    return alive
+
+
+def _read_ranks(stack_dir, world):
+    """({rank: its result file}, {rank: its faulthandler stack}) as the ranks left them."""
     results, stacks = {}, {}
     for r in range(world):
         path = os.path.join(stack_dir, "result-rank%d.json" % r)
@@ -589,8 +587,10 @@ def spawn_group(world, opts):
         if os.path.exists(spath) and os.path.getsize(spath):
             with open(spath, errors="replace") as f:
                 stacks[str(r)] = f.read()
-    failed = sorted(r for r in range(world) if not results.get(r, {}).get("ok"))
-    ok = outcome == "ok" and not failed and all(c == 0 for c in exitcodes)
+    return results, stacks
+
+
+def _group_note(outcome, note, exitcodes, results, alive, opts):
     if outcome == "rank_failed":
         # The rank that started it usually died without a result (a crash);
         # its peers then fail with "connection reset" and did write one.
@@ -603,6 +603,40 @@ def spawn_group(world, opts):
     elif outcome == "deadline":
         note = "the group did not finish within %ss; ranks %s were still running and were killed" % (
             opts["deadline"], alive)
+    return note
+
+
+def _remove_dir(path):
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
+
+
+def spawn_group(world, opts):
+    """Start `world` ranks here, watch them, report one group line.  Returns the exit code."""
+    import torch.multiprocessing as mp
+
+    t0 = T_START
+    opts = _group_device(world, opts)
+    if opts is None:
+        return 1
+    for key, value in WITNESS_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    stack_dir = tempfile.mkdtemp(prefix="envport-dist-")
+    ctx = mp.start_processes(_spawn_entry, args=(world, opts, stack_dir), nprocs=world,
+                             join=False, start_method="spawn")
+    procs = ctx.processes
+    outcome, note = _watch(ctx, t0 + opts["deadline"])
+    alive = _stop_alive(procs, stack_dir) if outcome != "ok" else []
+    for p in procs:
+        p.join(10)
+    exitcodes = [p.exitcode for p in procs]
+    results, stacks = _read_ranks(stack_dir, world)
+    failed = sorted(r for r in range(world) if not results.get(r, {}).get("ok"))
+    ok = outcome == "ok" and not failed and all(c == 0 for c in exitcodes)
+    note = _group_note(outcome, note, exitcodes, results, alive, opts)
     for r, text in sorted(stacks.items()):
         sys.stderr.write("----- rank %s Python stack (faulthandler) -----\n%s" % (r, text))
     sys.stderr.flush()
@@ -610,9 +644,7 @@ def spawn_group(world, opts):
           "device": opts["device"], "outcome": outcome, "note": note, "exitcodes": exitcodes,
           "failed_ranks": failed, "stacks": stacks, "seconds": round(time.time() - t0, 3),
           "master_port": int(os.environ["MASTER_PORT"])})
-    for name in os.listdir(stack_dir):
-        os.unlink(os.path.join(stack_dir, name))
-    os.rmdir(stack_dir)
+    _remove_dir(stack_dir)
     return 0 if ok else 1
 
 

@@ -3,7 +3,7 @@
 A witness runs inside a built env whose own output (pip notices, torch
 warnings, NCCL logs) shares the stream, so each result is one line that starts
 with PREFIX followed by a JSON object: grep-able by people and parseable by
-envport.witness.run.  Keep this file importable by any Python >= 3.8 with
+envport.witness.judge.  Keep this file importable by any Python >= 3.8 with
 nothing but the stdlib: it is bind-mounted into envs, never installed there.
 """
 

@@ -348,3 +348,55 @@ def no_kernel_image_hint(error: Optional[str], capability, arch_list) -> Optiona
                 f"(or {dotted}+PTX)")
     return (f"this torch build has no code for {name}: {match.reason}; install a torch whose arch list "
             f"covers {name} (envport doctor --env NAME shows what each flavour ships)")
+
+
+# The oldest driver each CUDA major runs on under minor version compatibility,
+# from NVIDIA's CUDA Toolkit Release Notes, table "CUDA Toolkit and Minimum
+# Required Driver Version for CUDA Minor Version Compatibility" (Linux x86-64):
+# 13.x >= 580, 12.x >= 525.60.13, 11.x >= 450.80.02.  Below it torch's CUDA
+# build does not load: torch.cuda.is_available() is False with only a warning
+# ("The NVIDIA driver on your system is too old (found version 12080)").  A
+# cu130 wheel therefore needs an R580+ driver.
+DRIVER_FLOORS: dict[int, str] = {13: "580", 12: "525.60.13", 11: "450.80.02"}
+
+
+def version_tuple(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    try:
+        return tuple(int(x) for x in (text or "").split("."))
+    except ValueError:
+        return None
+
+
+def driver_check(driver: Optional[str], driver_cuda: Optional[str], torch_cuda: Optional[str]) -> dict:
+    """The driver against torch's CUDA build: the floor it needs, named, and whether this one meets it."""
+    out: dict = {"driver": driver, "driver_cuda": driver_cuda, "torch_cuda": torch_cuda, "floor": None,
+                 "ok": None}
+    build = version_tuple(torch_cuda)
+    if not build:
+        out["detail"] = "torch is a CPU build (or was not probed): no driver floor to meet"
+        return out
+    floor = DRIVER_FLOORS.get(build[0])
+    out["floor"] = floor
+    need = (f"torch's CUDA {torch_cuda} build needs an NVIDIA driver >= {floor} (R{floor.split('.')[0]}+, "
+            f"NVIDIA's minor-version-compatibility table)" if floor else
+            f"torch's CUDA {torch_cuda} build: no driver floor recorded for CUDA {build[0]}.x")
+    have, have_cuda = version_tuple(driver), version_tuple(driver_cuda)
+    if have is None and have_cuda is None:
+        out["detail"] = f"{need}; this host's driver is unknown (no nvidia-smi answer)"
+        return out
+    too_old = bool((floor and have and have < version_tuple(floor))
+                   or (have_cuda and have_cuda[:1] < build[:1]))
+    out["ok"] = not too_old
+    seen = f"this host's driver is {driver or '?'} (CUDA {driver_cuda or '?'})"
+    if too_old:
+        out["detail"] = (f"{need}; {seen}: torch.cuda.is_available() will be False. fix: upgrade the driver "
+                         f"to {floor or 'a newer branch'}+, or pin a torch built for CUDA {driver_cuda or 'this driver'}")
+    else:
+        out["detail"] = f"{need}; {seen}: meets it"
+    return out
+
+
+def flavour_cuda(flavour: Optional[str]) -> Optional[str]:
+    """The CUDA version of a torch flavour: "cu130" -> "13.0", "cu118" -> "11.8"; None for cpu, rocm, unknown."""
+    m = re.match(r"^cu(\d{2,3})$", flavour or "")
+    return f"{m[1][:-1]}.{m[1][-1]}" if m else None
