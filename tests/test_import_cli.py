@@ -65,7 +65,8 @@ def test_json_output(project: Path, capsys):
     assert data["written"] is True and data["dry_run"] is False and data["valid"] is True
     assert data["mapped"] == {"base": 1, "python": 1, "pip_phases": 1}
     assert data["fill"] == [] and data["problems"] == []
-    assert data["notes"] == [{"file": "Dockerfile", "line": 3, "construct": 'CMD ["python"]', "action": "dropped",
+    assert data["notes"] == [{"file": "Dockerfile", "line": 3, "kind": "dropped",
+                              "construct": 'CMD ["python"]', "action": "dropped",
                               "why": "a spec describes an env, not the program it runs: a job gives the command "
                                      "(witnesses.cli can check one)", "fix": ""}]
     assert data["spec_text"] == (project / "proj" / "specs" / "six.yaml").read_text()

@@ -20,6 +20,21 @@ REPORTED = "reported"
 # A step that ran (and may have installed something) but could not be read at all: the env the
 # spec describes may lack what it made, so the import is incomplete (exit 1) however valid the spec.
 LOST = "dropped (a step that may install something; the spec lacks it)"
+# A flag that turns off a check (signatures, TLS): never carried into the spec, always named.
+SECURITY = "kept out of the spec (security)"
+
+# What a note is, for a reader of --json: one of four kinds, whatever the wording of its action.
+KINDS = ("dropped", "mapped", "needs_decision", "security")
+
+
+def note_kind(action: str) -> str:
+    if action == SECURITY:
+        return "security"
+    if action.startswith("turned into"):
+        return "mapped"
+    if action.startswith(DROPPED):
+        return "dropped"
+    return "needs_decision"  # KEPT, REPORTED: kept as written, and a person must look at it
 
 
 def turned_into(field_name: str) -> str:
@@ -40,9 +55,13 @@ class Note:
         text = f"{where}: {self.construct}: {self.action}: {self.why}"
         return text + (f" (fix: {self.fix})" if self.fix else "")
 
+    @property
+    def kind(self) -> str:
+        return note_kind(self.action)
+
     def as_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "construct": self.construct, "action": self.action,
-                "why": self.why, "fix": self.fix}
+        return {"file": self.file, "line": self.line, "kind": self.kind, "construct": self.construct,
+                "action": self.action, "why": self.why, "fix": self.fix}
 
 
 @dataclass

@@ -359,6 +359,9 @@ def _rendered_noise(words: list[str], step: Optional[str], ctx: ShellContext) ->
 
 
 def _apt(words, seg, line, ctx) -> str:
+    from envport.porting.security import note_insecure
+
+    note_insecure(ctx.draft, "apt", words, line, ctx.file)
     sub = next((w for w in words[1:] if not w.startswith("-")), "")
     if sub in ("update", "clean", "autoclean", "autoremove"):
         return "done"
