@@ -20,6 +20,7 @@ from envport.builders import weights as weights_mod
 from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.spec.model import Spec
+from envport.spec.venv_needs import host_venv_missing
 
 GiB = 2**30
 # Kept free beyond the estimate: a build's temporary files, pip's unpacked wheels, logs.
@@ -123,7 +124,9 @@ def check_runtime(ctx: Context) -> list[Finding]:
         if shutil.which(py) is None:
             return [Finding("runtime_missing", f"{py} is not on PATH (the venv target makes the env with it)",
                             f"install it (Debian: apt-get install {py}-venv), or use --target docker")]
-        return []
+        why = host_venv_missing(ctx.spec.python)
+        return [Finding("runtime_missing", why, f"install {py}-venv (Debian/Ubuntu: apt-get install {py}-venv), "
+                        "or use --target docker")] if why else []
     if t == "conda":
         if not any(shutil.which(c) for c in ("micromamba", "mamba", "conda")):
             return [Finding("runtime_missing", "no micromamba, mamba or conda on PATH",

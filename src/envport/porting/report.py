@@ -103,6 +103,7 @@ class Draft:
     python: Optional[str] = None
     python_how: str = ""  # "the base image name", "apt package python3.11", ...
     python_guessed: bool = False
+    python_where: str = ""  # FILE:LINE the version came from, written next to `python:`
     system_pkgs: list[str] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -144,6 +145,7 @@ class Draft:
         """The first explicit source wins; a later one that disagrees is reported."""
         if self.python is None or (self.python_guessed and not guessed):
             self.python, self.python_how, self.python_guessed = version, how, guessed
+            self.python_where = f"{file or self.file}:{line}" if line else ""
             return
         if version != self.python and not guessed:
             self.note(line, how, REPORTED, f"names python {version}, but the spec already has {self.python} "

@@ -17,19 +17,16 @@ from typing import Optional
 
 from envport.core.errors import Problem
 from envport.porting.context import BuildContext
-from envport.porting.report import REPORTED, Draft, Note
+from envport.porting.report import REPORTED, Draft, Note, turned_into
 from envport.porting.source import ImportRefused, read_text
 from envport.porting.spec_text import Output, slug, spec_text
+from envport.spec.venv_needs import DISTRO_PYTHON, venv_packages
 from envport.spec.yamlfile import MAX_BYTES
 
 KINDS = ("dockerfile", "def", "conda", "requirements", "shell")
 # Bounds on what an import writes: the loader refuses a spec file over its own bound (yamlfile.MAX_BYTES),
 # so an import that would write a larger one stops with the reason instead of writing one that never loads.
 MAX_RUN_COMMANDS = 2000
-# Debian/Ubuntu releases -> their python3, for a base that names no python.
-DISTRO_PYTHON = {"bookworm": "3.11", "debian:12": "3.11", "bullseye": "3.9", "debian:11": "3.9", "trixie": "3.13",
-                 "ubuntu24.04": "3.12", "ubuntu:24.04": "3.12", "noble": "3.12", "ubuntu22.04": "3.10",
-                 "ubuntu:22.04": "3.10", "jammy": "3.10", "ubuntu20.04": "3.8", "ubuntu:20.04": "3.8", "focal": "3.8"}
 
 
 @dataclass
@@ -160,6 +157,13 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
                                f"the source names no python; {version} is the distribution's python3",
                                "check `python:` in the spec")
                     break
+    if draft.base and draft.python:
+        need = venv_packages(draft.base or "", draft.python or "", draft.system_pkgs)
+        if need:
+            draft.add_system(need)
+            draft.note(draft.base_line, f"base {draft.base}", turned_into("system_pkgs"),
+                       f"added {', '.join(need)}: envport makes the env with `python{draft.python} -m venv`, which "
+                       "this Debian/Ubuntu base cannot run without them")
     last_pip = max((p.seq for p in draft.phases), default=0)
     for cmd, file, line, seq in draft.run_commands:
         if seq < last_pip:

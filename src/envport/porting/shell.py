@@ -258,6 +258,17 @@ def _suggest_weights(text: str, ctx: ShellContext) -> None:
     ctx.draft.suggested_weights.append((name, entry))
 
 
+# Build args and env names recipes use for the interpreter's version (`ARG PYTHON_VERSION=3.10`).
+PYTHON_VARIABLE = re.compile(r"^(PYTHON|PY|PYTHON_VER|PYTHON_VERSION|PY_VERSION|PYVER)$")
+
+
+def python_variable(key: str, value: str, construct: str, line: Optional[int], ctx: ShellContext) -> None:
+    """A variable that names the python version: the spec's python, with the line it came from."""
+    m = re.match(r"^(3\.\d{1,2})(\.\d+)?$", value or "")
+    if PYTHON_VARIABLE.match(key) and m:
+        ctx.draft.set_python(m.group(1), f"`{construct}`", line, ctx.file)
+
+
 def _strip_prefix(words: list[str], line, ctx: ShellContext) -> list[str]:
     while words:
         if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) and len(words) > 1:
@@ -283,6 +294,12 @@ def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
     words = _strip_prefix(words, line, ctx)
     if not words:
         return "done"
+    if "$" in words[0] and not COMPUTED.search(words[0]):  # `python${PYTHON_VERSION} -m venv`: the build arg's default
+        from envport.porting.envvars import substitute
+
+        sub, missing = substitute(words[0], ctx.variables)
+        if sub is not None and not missing:
+            words = [sub, *words[1:]]
     cmd = posixpath.basename(words[0])
     step = ctx.rendered_step if ctx.rendered else None
     if ctx.rendered and _rendered_noise(words, step, ctx):
@@ -371,7 +388,7 @@ def _apt(words, seg, line, ctx) -> str:
         return "keep"
     if sub != "install":
         return "keep"
-    pkgs, bad, args = [], [], words[1:]
+    pkgs, bad, args = [], [], _known_args(words[1:], seg, line, ctx)
     computed = [w for w in args if "$" in w or COMPUTED.search(w)]
     if computed:
         ctx.note(line, seg, KEPT, f"a package name computed when the line runs ({computed[0]}): its value is unknown "
@@ -391,11 +408,35 @@ def _apt(words, seg, line, ctx) -> str:
             continue
         (pkgs if DEB_PKG.match(w) else bad).append(w)
     ctx.draft.add_system(pkgs)
+    for p in pkgs:  # deadsnakes' `python3.10`, `python3.10-venv`: the interpreter the env runs
+        if (m := re.match(r"^python(3\.\d{1,2})(-venv|-dev|-full)?$", p)):
+            ctx.draft.set_python(m.group(1), f"the apt package {p}", line, ctx.file)
     if bad:
         ctx.note(line, " ".join(bad), KEPT, "not Debian package names the spec accepts (a variable, glob or "
                  "file?)", "write the package names into system_pkgs")
         ctx.draft.add_run("apt-get install -y " + " ".join(shlex.quote(b) for b in bad), line, ctx.file)
     return "done"
+
+
+def _known_args(args: list[str], seg: str, line, ctx: ShellContext) -> list[str]:
+    """ARGS with each `$VAR` a build arg's default or an earlier ENV gives substituted (one rule: the
+    default is what the build used); a word with an unknown variable, or a command substitution, is left as
+    written."""
+    from envport.porting.envvars import substitute
+
+    out, used = [], []
+    for w in args:
+        if "$" in w and not COMPUTED.search(w):
+            sub, missing = substitute(w, ctx.variables)
+            if sub is not None and not missing:
+                used.append(f"{w} -> {sub}")
+                w = sub
+        out.append(w)
+    if used:
+        ctx.note(line, seg, turned_into("system_pkgs"), f"package names written with build args or ENV values, "
+                 f"read with their defaults: {', '.join(used)}", "a build with other --build-arg values needs "
+                 "those names in system_pkgs")
+    return out
 
 
 def _other_pkg(cmd, words, seg, line, ctx) -> str:
