@@ -58,7 +58,8 @@ def run(args) -> int:
               "is a skeleton to finish from the lines above")
     elif result.lost:
         print(f"INCOMPLETE {result.spec_path} {verb}: {len(result.lost)} step(s) that may install something were "
-              "not read (`dropped (a step that may install something…)` above); add them to the spec by hand")
+              "not read or cannot be carried into the spec (`dropped (a step that may install something…)` "
+              "above); add them to the spec by hand")
     elif result.valid:
         print(f"OK       {result.spec_path} {verb}; it validates (next: envport render {result.name})")
     else:

@@ -78,6 +78,7 @@ class Phase:
     no_deps: bool = False
     force_reinstall: bool = False
     pre: bool = False
+    package_lines: dict[str, int] = field(default_factory=dict)  # a requirement -> its own line, where known
 
     def as_spec(self):
         opts = {}

@@ -164,6 +164,7 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
             draft.note(draft.base_line, f"base {draft.base}", turned_into("system_pkgs"),
                        f"added {', '.join(need)}: envport makes the env with `python{draft.python} -m venv`, which "
                        "this Debian/Ubuntu base cannot run without them")
+    _torch_order(draft)
     last_pip = max((p.seq for p in draft.phases), default=0)
     for cmd, file, line, seq in draft.run_commands:
         if seq < last_pip:
@@ -176,6 +177,33 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
         raise ImportRefused(f"{draft.file}: {len(draft.run_commands)} run commands, more than an env spec holds "
                             f"({MAX_RUN_COMMANDS} at most); split the recipe, or turn its steps into a script "
                             "shipped as a shim file")
+
+
+def _torch_order(draft: Draft) -> None:
+    """A distribution that compiles against torch when it installs (flash-attn, torch-scatter) must follow the
+    phase that installs torch; without one before it, its build fails (no torch to import), so it is lost."""
+    from packaging.requirements import Requirement
+
+    from envport.porting.conda import table
+    from envport.spec.model import canonical_name
+
+    needs = {canonical_name(n) for n in table()["needs_torch_at_build"]}
+    torch_phase = None
+    for ph in sorted(draft.phases, key=lambda p: p.seq):
+        names = [canonical_name(Requirement(p).name) for p in ph.packages]
+        for name, req in zip(names, ph.packages):
+            if name not in needs:
+                continue
+            if torch_phase is not None:
+                draft.note(ph.line, req, REPORTED, f"builds against torch when it installs: it must stay in a phase "
+                           f"after the one at {torch_phase.file}:{torch_phase.line} that installs torch",
+                           "keep the phase order; pin torch there so its build matches", file=ph.file)
+            else:
+                draft.lose(ph.line, req, "builds against torch when it installs, and no earlier phase installs "
+                           "torch: its build fails (no module named torch)", "install torch in a phase before this "
+                           "one", file=ph.file)
+        if torch_phase is None and "torch" in names:
+            torch_phase = ph
 
 
 def default_name(path: Path, draft: Draft) -> str:
