@@ -24,6 +24,10 @@ def register(sub) -> None:
                    help="where COPY/%%files/-r find their files (default: FILE's folder)")
     p.add_argument("--base", default=None, help="the base image, where the source names none (conda, requirements)")
     p.add_argument("--python", default=None, help="the env's python (MAJOR.MINOR), where the source names none")
+    p.add_argument("--repo", default=None, metavar="URL",
+                   help="the git URL of the project the recipe installs from its checkout (`pip install .`); "
+                   "with --commit it becomes `name @ git+URL@SHA`")
+    p.add_argument("--commit", default=None, metavar="SHA", help="the full commit of --repo to install")
     p.add_argument("--dry-run", action="store_true", help="print the spec and the report; write nothing")
     p.add_argument("--force", action="store_true", help="replace an existing specs/NAME.yaml")
     p.add_argument("--json", action="store_true", help="print the result as JSON (docs/cli.md)")
@@ -36,7 +40,8 @@ def run(args) -> int:
     root = project_root(args)
     result = import_recipe(Path(args.file), root, name=args.name, kind=args.kind,
                            context_dir=Path(args.context) if args.context else None, base=args.base,
-                           python=args.python, dry_run=args.dry_run, force=args.force)
+                           python=args.python, dry_run=args.dry_run, force=args.force,
+                           repo=args.repo, commit=args.commit)
     if args.json:
         print_json(envelope("import", result.exit_code, problems=result.problems, **result.as_dict()))
         return result.exit_code

@@ -121,6 +121,8 @@ class Draft:
     notes: list[Note] = field(default_factory=list)
     lost: list[Note] = field(default_factory=list)  # the LOST notes: steps whose effect the spec lacks
     name_hint: Optional[str] = None  # e.g. environment.yml's `name:`
+    # `import --repo URL --commit SHA`: where the recipe's own project (`pip install .`) is published.
+    project_repo: Optional[tuple[str, str]] = None
     seq: int = 0
 
     def next_seq(self) -> int:

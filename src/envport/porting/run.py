@@ -104,12 +104,13 @@ def _is_requirement(line: str) -> bool:
     return True
 
 
-def read(path: Path, kind: Optional[str], context_dir: Optional[Path]) -> tuple[str, Draft]:
+def read(path: Path, kind: Optional[str], context_dir: Optional[Path],
+         project_repo: Optional[tuple[str, str]] = None) -> tuple[str, Draft]:
     label = path.name
     text = read_text(path, label)
     kind = kind or detect(path, text)
     context = BuildContext((context_dir or path.parent).resolve())
-    draft = Draft(file=label)
+    draft = Draft(file=label, project_repo=project_repo)
     if kind == "dockerfile":
         from envport.porting.dockerfile import read_dockerfile
         read_dockerfile(text, label, context, draft)
@@ -206,6 +207,18 @@ def _torch_order(draft: Draft) -> None:
             torch_phase = ph
 
 
+def _project_repo(repo: Optional[str], commit: Optional[str]) -> Optional[tuple[str, str]]:
+    if repo is None and commit is None:
+        return None
+    if not repo or not re.match(r"^(https|ssh|file)://\S+$", repo):
+        raise ImportRefused(f"--repo {repo!r}: expected the project's git URL (https://…, ssh://…), e.g. "
+                            "--repo https://github.com/org/tool")
+    if not commit or not re.match(r"^[0-9a-f]{40}$", commit):
+        raise ImportRefused(f"--commit {commit!r}: expected the full 40-hex commit (git rev-parse HEAD), so the "
+                            "env does not move with a branch")
+    return repo, commit
+
+
 def default_name(path: Path, draft: Draft) -> str:
     if draft.name_hint and slug(draft.name_hint):
         return slug(draft.name_hint)
@@ -250,13 +263,14 @@ def mapped(draft: Draft) -> dict[str, int]:
 
 def import_recipe(path: Path, root: Path, name: Optional[str] = None, kind: Optional[str] = None,
                   context_dir: Optional[Path] = None, base: Optional[str] = None, python: Optional[str] = None,
-                  dry_run: bool = False, force: bool = False) -> Result:
+                  dry_run: bool = False, force: bool = False, repo: Optional[str] = None,
+                  commit: Optional[str] = None) -> Result:
     from envport.core.files import write_atomic
     from envport.spec.model import SLUG_RE
 
     if kind is not None and kind not in KINDS:
         raise ImportRefused(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
-    kind, draft = read(path, kind, context_dir)
+    kind, draft = read(path, kind, context_dir, _project_repo(repo, commit))
     finish(draft, base, python)
     name = name or default_name(path, draft)
     if not SLUG_RE.match(name):
