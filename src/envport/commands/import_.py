@@ -14,7 +14,8 @@ def register(sub) -> None:
         description="Read an existing recipe and write specs/NAME.yaml (+ the files it copies under "
         "specs/files/NAME/), then print every construct that did not map exactly as FILE:LINE: what: what envport "
         "did: why (fix: ...). Exit 0 when the spec validates, 1 when it was written with fields to fill (marked "
-        "FILL) or without a step it could not read (a here-document RUN), 2 when the input cannot be read or its "
+        "FILL) or without a step that installs something it could not read or carry (a here-document RUN, an "
+        "unmapped conda package, `pip install .` without --repo), 2 when the input cannot be read or its "
         "spec would pass a spec's bounds (2000 run commands, 64 KiB), 3 when the spec exists (pass --force). docs/import.md says what maps.")
     p.add_argument("file", metavar="FILE", help="the recipe to import")
     p.add_argument("--name", default=None, help="the spec's name (default: from the file or its folder)")
