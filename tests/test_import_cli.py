@@ -65,7 +65,8 @@ def test_json_output(project: Path, capsys):
     assert data["written"] is True and data["dry_run"] is False and data["valid"] is True
     assert data["mapped"] == {"base": 1, "python": 1, "pip_phases": 1}
     assert data["fill"] == [] and data["problems"] == []
-    assert data["notes"] == [{"file": "Dockerfile", "line": 3, "construct": 'CMD ["python"]', "action": "dropped",
+    assert data["notes"] == [{"file": "Dockerfile", "line": 3, "kind": "dropped",
+                              "construct": 'CMD ["python"]', "action": "dropped",
                               "why": "a spec describes an env, not the program it runs: a job gives the command "
                                      "(witnesses.cli can check one)", "fix": ""}]
     assert data["spec_text"] == (project / "proj" / "specs" / "six.yaml").read_text()
@@ -127,3 +128,17 @@ def test_missing_file_is_a_message(tmp_path: Path, capsys):
     rc, out, err = run(capsys, "-C", str(tmp_path), "import", str(tmp_path / "nope" / "Dockerfile"))
     assert rc == 2
     assert "Dockerfile: cannot read it (no such file or directory)" in err
+
+
+def test_the_project_itself_without_repo_exits_1_with_the_fix(tmp_path: Path, capsys):
+    (tmp_path / "specs").mkdir()
+    recipe = tmp_path / "Dockerfile"
+    recipe.write_text("FROM python:3.11-slim\nCOPY . /src\nWORKDIR /src\nRUN pip install --no-deps .\n")
+    rc, out, _ = run(capsys, "-C", str(tmp_path), "import", str(recipe), "--name", "p", "--dry-run")
+    assert rc == 1, out
+    assert ("Dockerfile:4: .: dropped (a step that may install something; the spec lacks it): installs the project "
+            "the recipe is built in, from its checkout") in out, out
+    assert "(fix: import again with --repo URL --commit SHA" in out, out
+    rc, out, err = run(capsys, "-C", str(tmp_path), "import", str(recipe), "--name", "p", "--dry-run",
+                       "--repo", "https://example.org/p", "--commit", "main")
+    assert rc == 2 and "--commit 'main': expected the full 40-hex commit" in out + err, out + err

@@ -38,7 +38,8 @@ def imported(tmp_path: Path, text: str) -> tuple[str, str]:
 
 def test_a_computed_apt_package_is_kept_whole_with_a_note(tmp_path: Path):
     spec, report = imported(tmp_path, CUDA_LINE)
-    assert "system_pkgs" not in spec, spec  # before: rm, apt-get, autoremove, clean, '$(cut', '<<<' ...
+    # before: rm, apt-get, autoremove, clean, '$(cut', '<<<' ...; now only what `python3.10 -m venv` needs
+    assert 'system_pkgs: ["python3.10", "python3.10-venv"]' in spec, spec
     assert '- "apt-get install -y --no-install-recommends       cuda-command-line-tools-$(cut -f1,2 -d- <<< ' \
            '${CUDA//./-}) git"' in spec, spec
     assert "a package name computed when the line runs (cuda-command-line-tools-$(cut -f1,2 -d- <<< " \

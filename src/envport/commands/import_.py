@@ -14,7 +14,8 @@ def register(sub) -> None:
         description="Read an existing recipe and write specs/NAME.yaml (+ the files it copies under "
         "specs/files/NAME/), then print every construct that did not map exactly as FILE:LINE: what: what envport "
         "did: why (fix: ...). Exit 0 when the spec validates, 1 when it was written with fields to fill (marked "
-        "FILL) or without a step it could not read (a here-document RUN), 2 when the input cannot be read or its "
+        "FILL) or without a step that installs something it could not read or carry (a here-document RUN, an "
+        "unmapped conda package, `pip install .` without --repo), 2 when the input cannot be read or its "
         "spec would pass a spec's bounds (2000 run commands, 64 KiB), 3 when the spec exists (pass --force). docs/import.md says what maps.")
     p.add_argument("file", metavar="FILE", help="the recipe to import")
     p.add_argument("--name", default=None, help="the spec's name (default: from the file or its folder)")
@@ -24,6 +25,10 @@ def register(sub) -> None:
                    help="where COPY/%%files/-r find their files (default: FILE's folder)")
     p.add_argument("--base", default=None, help="the base image, where the source names none (conda, requirements)")
     p.add_argument("--python", default=None, help="the env's python (MAJOR.MINOR), where the source names none")
+    p.add_argument("--repo", default=None, metavar="URL",
+                   help="the git URL of the project the recipe installs from its checkout (`pip install .`); "
+                   "with --commit it becomes `name @ git+URL@SHA`")
+    p.add_argument("--commit", default=None, metavar="SHA", help="the full commit of --repo to install")
     p.add_argument("--dry-run", action="store_true", help="print the spec and the report; write nothing")
     p.add_argument("--force", action="store_true", help="replace an existing specs/NAME.yaml")
     p.add_argument("--json", action="store_true", help="print the result as JSON (docs/cli.md)")
@@ -36,7 +41,8 @@ def run(args) -> int:
     root = project_root(args)
     result = import_recipe(Path(args.file), root, name=args.name, kind=args.kind,
                            context_dir=Path(args.context) if args.context else None, base=args.base,
-                           python=args.python, dry_run=args.dry_run, force=args.force)
+                           python=args.python, dry_run=args.dry_run, force=args.force,
+                           repo=args.repo, commit=args.commit)
     if args.json:
         print_json(envelope("import", result.exit_code, problems=result.problems, **result.as_dict()))
         return result.exit_code
@@ -58,7 +64,8 @@ def run(args) -> int:
               "is a skeleton to finish from the lines above")
     elif result.lost:
         print(f"INCOMPLETE {result.spec_path} {verb}: {len(result.lost)} step(s) that may install something were "
-              "not read (`dropped (a step that may install something…)` above); add them to the spec by hand")
+              "not read or cannot be carried into the spec (`dropped (a step that may install something…)` "
+              "above); add them to the spec by hand")
     elif result.valid:
         print(f"OK       {result.spec_path} {verb}; it validates (next: envport render {result.name})")
     else:

@@ -1,8 +1,10 @@
 """environment.yml (and `conda create`/`conda install` words) -> python, pip phases, and a list of conda packages.
 
-envport has no conda solver in its containers, so conda packages are never
-silently turned into something else: each one is reported with the
-system_pkgs or pip equivalent where a well-known one exists.  `pip:`
+envport has no conda solver in its containers, so each conda package goes
+through a maintained table (conda_map.yaml, data with its source and rules):
+a Debian package -> system_pkgs, a PyPI distribution -> a pip phase before
+the pip: sections, torch's CUDA build -> torch's index; every mapping is
+noted, and a package the table does not know is lost (exit 1).  `pip:`
 sections are pip calls and map exactly, as phases after the conda part;
 `variables:` become env.  The YAML is composed by the spec reader
 (spec/yamlfile.compose: the same size, depth and no-alias bounds as a spec)
@@ -11,39 +13,27 @@ and walked for line numbers, so every note names its line.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable, Optional
 
 import yaml
 
 from envport.porting.envvars import add_env
-from envport.porting.report import DROPPED, Draft, Phase
+from envport.porting.report import DROPPED, REPORTED, Draft, Phase, turned_into
 from envport.porting.pip_args import requirements_file
 from envport.porting.requirements import PipContext
 from envport.porting.source import ImportRefused
 
-# conda package -> Debian package (system_pkgs): build tools and C libraries conda ships.
-TO_APT = {
-    "git": "git", "cmake": "cmake", "make": "make", "gcc": "gcc", "gxx": "g++", "c-compiler": "gcc",
-    "cxx-compiler": "g++", "compilers": "build-essential", "gfortran": "gfortran", "openmpi": "libopenmpi-dev",
-    "mpich": "libmpich-dev", "hdf5": "libhdf5-dev", "openblas": "libopenblas-dev", "fftw": "libfftw3-dev",
-    "boost": "libboost-dev", "zlib": "zlib1g-dev", "curl": "curl", "wget": "wget", "unzip": "unzip",
-    "ffmpeg": "ffmpeg", "graphviz": "graphviz", "openjdk": "default-jdk", "nodejs": "nodejs", "sqlite": "sqlite3",
-    "pkg-config": "pkg-config", "swig": "swig", "hmmer": "hmmer", "kalign": "kalign", "hhsuite": "hhsuite",
-    "libxml2": "libxml2-dev", "r-base": "r-base",
-}
-# conda package -> PyPI name where they differ.
-TO_PIP = {"pytorch": "torch", "pytorch-cpu": "torch", "py-opencv": "opencv-python", "opencv": "opencv-python",
-          "pyyaml": "PyYAML", "tensorflow-gpu": "tensorflow", "pytables": "tables", "matplotlib-base": "matplotlib"}
-NOT_A_PACKAGE = {
-    "cudatoolkit": "the CUDA runtime comes with the base image: pick an nvidia/cuda tag with that version",
-    "cuda-toolkit": "the CUDA runtime comes with the base image: pick an nvidia/cuda tag with that version",
-    "cuda-version": "the CUDA runtime comes with the base image: pick an nvidia/cuda tag with that version",
-    "cudnn": "cuDNN comes with the base image: pick an nvidia/cuda `-cudnn` tag",
-    "pytorch-cuda": "torch's CUDA build comes from its own index: a phase with index_url "
-                    "https://download.pytorch.org/whl/cuXYZ",
-    "cpuonly": "torch's CPU build comes from its own index: index_url https://download.pytorch.org/whl/cpu",
-}
+MAP_FILE = "conda_map.yaml"
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> dict:
+    """The conda table (porting/conda_map.yaml: data, with its source and rules at its top)."""
+    from importlib.resources import files
+
+    return yaml.safe_load(files("envport.porting").joinpath(MAP_FILE).read_text(encoding="utf-8"))
 
 
 def _pip_version(spec: str) -> str:
@@ -56,7 +46,16 @@ def _pip_version(spec: str) -> str:
     return spec
 
 
-def conda_packages(pkgs: list[str], draft: Draft, file: str, line: Optional[int]) -> None:
+TORCH = {"torch", "torchvision", "torchaudio"}
+
+
+def conda_packages(pkgs: list[str], draft: Draft, file: str, line: Optional[int],
+                   phase: Optional[Phase] = None) -> None:
+    """Map conda package specs through the table: Debian ones into system_pkgs, PyPI ones into PHASE (a new
+    phase added to the draft when None), torch's CUDA build as its index; unmapped ones are lost (exit 1)."""
+    own = phase is None
+    phase = phase if phase is not None else Phase(packages=[], file=file, line=line)
+    t = table()
     for pkg in pkgs:
         m = re.match(r"^(?:[\w.-]+::)?([A-Za-z0-9_.-]+)\s*(?:=)?(.*)$", pkg.strip())
         if not m:
@@ -71,20 +70,65 @@ def conda_packages(pkgs: list[str], draft: Draft, file: str, line: Optional[int]
                 draft.note(line, pkg, DROPPED, "a python spec without MAJOR.MINOR", "set `python:` in the spec",
                            file=file)
             continue
-        if name in ("pip", "setuptools", "wheel"):
+        if name in t["skip"]:
             continue  # every envport venv has pip; setuptools/wheel come with builds that need them
-        if name in NOT_A_PACKAGE:
-            fix = NOT_A_PACKAGE[name]
-        elif name in TO_APT:
-            fix = f"system_pkgs equivalent: {TO_APT[name]}"
+        where = f"conda package {pkg}"
+        if name in t["debian"]:
+            draft.add_system([t["debian"][name]])
+            draft.note(line, where, turned_into("system_pkgs"), f"the conda table ({MAP_FILE}) maps it to the "
+                       f"Debian package {t['debian'][name]}; the base's release chooses its version", file=file)
+        elif name in t["pypi"]:
+            req = t["pypi"][name] + _pip_version(version.lstrip("=") if version.startswith("=") and not
+                                                 version.startswith("==") else version)
+            phase.packages.append(req)
+            if line:
+                phase.package_lines[req] = line
+            draft.note(line, where, turned_into("a pip phase"), f"the conda table ({MAP_FILE}) maps it to the "
+                       f"PyPI distribution {req}", file=file)
+        elif name in t["torch_index"]:
+            tag = _torch_tag(t["torch_index"][name], version)
+            if tag:
+                phase.index_url = f"https://download.pytorch.org/whl/{tag}"
+                draft.note(line, where, turned_into("index_url of the torch phase"), f"conda's {name} chooses "
+                           f"torch's {'CPU' if tag == 'cpu' else 'CUDA'} build, which pip takes from "
+                           f"{phase.index_url}", "check the base image's CUDA is at least that version", file=file)
+            else:
+                draft.lose(line, where, "a CUDA build of torch without a version: the index is unknown",
+                           "write torch's index as a phase's index_url (https://download.pytorch.org/whl/cuXYZ)",
+                           file=file)
+        elif name in t["base_image"]:
+            draft.note(line, where, REPORTED, "comes with the base image, not a package", t["base_image"][name],
+                       file=file)
         else:
-            pip_name = TO_PIP.get(name, name)
-            pip_spec = _pip_version(version.lstrip("=") if version.startswith("=") and not
-                                    version.startswith("==") else version)
-            same = "" if name in TO_PIP else " if PyPI has it under the same name"
-            fix = f"pip equivalent{same}: {pip_name}{pip_spec}"
-        draft.note(line, f"conda package {pkg}", DROPPED, "envport has no conda solver; conda packages are not "
-                   "installed", fix, file=file)
+            draft.lose(line, where, f"not in the conda table ({MAP_FILE}): envport has no conda solver, so "
+                       "the env would lack it", "add it to system_pkgs (a Debian package) or a pip phase (a PyPI "
+                       f"distribution), or add a line to {MAP_FILE}", file=file)
+    if own:
+        add_conda_phase(phase, draft)
+
+
+def add_conda_phase(phase: Phase, draft: Draft) -> None:
+    """PHASE as one phase, or two when it holds torch from its own index (that index has torch, not the rest)."""
+    if not phase.packages:
+        return
+    if phase.index_url:
+        torch = [p for p in phase.packages if re.split(r"[<>=!~ ;\[]", p, maxsplit=1)[0].lower() in TORCH]
+        rest = [p for p in phase.packages if p not in torch]
+        lines = phase.package_lines
+        if torch:
+            draft.add_phase(Phase(packages=torch, file=phase.file, line=lines.get(torch[0], phase.line),
+                                  index_url=phase.index_url))
+        phase = Phase(packages=rest, file=phase.file, line=lines.get(rest[0], phase.line) if rest else phase.line)
+        if not rest:
+            return
+    draft.add_phase(phase)
+
+
+def _torch_tag(kind: str, version: str) -> str:
+    if kind == "cpu":
+        return "cpu"
+    v = re.match(r"^=?(\d+)\.(\d)", version)
+    return f"cu{v.group(1)}{v.group(2)}" if v else ""
 
 
 def _scalar(node) -> Optional[str]:
@@ -127,10 +171,13 @@ def read_environment(text: str, label: str, draft: Draft,
 
 def _dependencies(seq: yaml.SequenceNode, label: str, draft: Draft, open_file) -> None:
     pip_sections = []
+    conda = Phase(packages=[], file=label, line=None)  # conda's own packages that are on PyPI: one call
     for item in seq.value:
         line = item.start_mark.line + 1
         if _scalar(item) is not None:
-            conda_packages([_scalar(item)], draft, label, line)
+            conda_packages([_scalar(item)], draft, label, line, phase=conda)
+            if conda.packages and conda.line is None:
+                conda.line = line
         elif isinstance(item, yaml.MappingNode):
             for k, v in item.value:
                 if _scalar(k) == "pip" and isinstance(v, yaml.SequenceNode):
@@ -139,6 +186,7 @@ def _dependencies(seq: yaml.SequenceNode, label: str, draft: Draft, open_file) -
                     draft.note(k.start_mark.line + 1, f"{_scalar(k)}:", DROPPED, "not a dependency list envport "
                                "knows (only `pip:`)", file=label)
     # conda installs everything before pip runs, wherever the pip: section is written.
+    add_conda_phase(conda, draft)
     for line, section in pip_sections:
         phase = Phase(packages=[], file=label, line=line)
         ctx = PipContext(draft, label, line, open_file, {}, python=draft.python or "3.11")

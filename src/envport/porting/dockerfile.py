@@ -21,7 +21,7 @@ from envport.core.nesting import too_deep
 from envport.porting.context import BuildContext
 from envport.porting.envvars import add_env, substitute, too_long
 from envport.porting.report import DROPPED, REPORTED, Draft, turned_into
-from envport.porting.shell import ShellContext, handle
+from envport.porting.shell import ShellContext, handle, python_variable
 from envport.porting.source import ImportRefused
 
 # BuildKit's here-document: `<<EOF`, `<<-EOF`, `<<"EOF"`.
@@ -156,6 +156,12 @@ def read_dockerfile(text: str, label: str, context: BuildContext, draft: Draft) 
     ctx = ShellContext(draft, label, "docker", rendered=rendered)
     ctx.open_file = lambda written: context.opener(ctx.cwd)(written)
     ctx.variables = {k: v for k, v in global_args.items()}
+    for ins in structure:  # `ARG PYTHON_VERSION=3.10` before FROM names the env's python too
+        if ins["instruction"] == "FROM":
+            break
+        if ins["instruction"] == "ARG":
+            for k, v in pairs(ins["value"]):
+                python_variable(k, v, f"ARG {k}={v}", ins["startline"] + 1, ctx)
     for i in chain:
         body, k = stages[i]["body"], 0
         while k < len(body):
@@ -228,6 +234,7 @@ def _instruction(ins: dict, ctx: ShellContext, context: BuildContext, stage_name
         for k, v in pairs(value):
             if k == "DEBIAN_FRONTEND":
                 continue
+            python_variable(k, v, f"ARG {k}={v}", line, ctx)
             if v:
                 ctx.variables[k] = v
                 draft.note(line, f"ARG {k}={v}", DROPPED, "the spec has no build arguments; its default is used where "
@@ -239,6 +246,7 @@ def _instruction(ins: dict, ctx: ShellContext, context: BuildContext, stage_name
     if kind == "ENV":
         raw = _raw_values(value)
         for k, v in pairs(value):
+            python_variable(k, v, f"ENV {k}={v}", line, ctx)
             escaped = raw.get(k, "")
             if "$" in v and "\\$" not in escaped:
                 sub, _ = substitute(v, ctx.variables)

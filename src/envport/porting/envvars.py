@@ -67,6 +67,40 @@ class _NoInfo:
     data: dict = {}
 
 
+# Entries of a search path that every target's own env already gives: the shell's own value, the system
+# dirs, a venv's or conda's bin/ (envport's venv takes their place), the CUDA base image's libraries.
+PROVIDED = re.compile(r"^(\$\{?(PATH|LD_LIBRARY_PATH|PYTHONPATH)\}?|/usr/local/s?bin|/usr/s?bin|/s?bin|"
+                      r"/usr/local/cuda(-[\d.]+)?/(bin|lib64)|/usr/local/nvidia/lib(64)?|.*/(venv|\.venv|env)/bin|"
+                      r"/opt/(conda|miniconda3?|mambaforge|micromamba)(/envs/[^/]+)?/(bin|lib))/?$")
+SEARCH_FIX = {
+    "PATH": "for each tool, a shim_files wrapper on the env's PATH (e.g. /usr/local/bin/TOOL: `#!/bin/sh` + "
+            "`exec DIR/TOOL \"$@\"`), or an env entry such as TOOL_HOME=DIR that the tool reads",
+    "LD_LIBRARY_PATH": "a shim file /etc/ld.so.conf.d/NAME.conf listing the directories, then `ldconfig` in "
+                       "run_commands",
+    "PYTHONPATH": "install the directory's code as a package (a pip phase, `name @ git+URL@SHA`), or a shim file "
+                  "NAME.pth in the venv's site-packages naming the directory",
+}
+
+
+def explain_search_path(key: str, value: str) -> Optional[tuple[str, str]]:
+    """(why, fix) for PATH, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV: which part the target's own env already
+    provides and which part the env would lose; None for other names (and envport's own venv activation)."""
+    if key == "VIRTUAL_ENV" and value != CONTAINER_VENV:
+        return (f"envport's env is its own venv ({CONTAINER_VENV}), active on every target; {value} would point "
+                "tools at another env", "nothing to do: paths under it now live under " + CONTAINER_VENV)
+    if key not in SEARCH_FIX or (key == "PATH" and value.startswith(CONTAINER_VENV + "/bin:")):
+        return None
+    parts = [p for p in value.split(":") if p]
+    given = [p for p in parts if PROVIDED.match(p)]
+    lost = [p for p in parts if not PROVIDED.match(p)]
+    why = f"the spec refuses {key} (it replaces what the build and the env rely on)"
+    if given:
+        why += f"; the target's own env already provides {', '.join(given)}"
+    if not lost:
+        return why + ": the env loses nothing", "nothing to do"
+    return why + f"; the env loses {', '.join(lost)}", SEARCH_FIX[key]
+
+
 def add_env(draft: Draft, key: str, value: str, line: Optional[int], file: Optional[str] = None,
             rendered: bool = False, construct: str = "", shell: bool = False) -> None:
     """SHELL: the value was read from shell text (%environment, a script's export), where `…` and $(…)
@@ -83,6 +117,10 @@ def add_env(draft: Draft, key: str, value: str, line: Optional[int], file: Optio
         return
     if key.startswith("ENVPORT_") and rendered:
         return  # envport's identity: the new spec gets its own
+    explained = explain_search_path(key, value)
+    if explained:
+        draft.note(line, construct, DROPPED, *explained, file=file)
+        return
     why = env_value_ok(key, value)
     if why:
         draft.note(line, construct, DROPPED, why, "set it inside a run command or a shim script that needs it",

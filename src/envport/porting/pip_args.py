@@ -59,7 +59,6 @@ REPORT_VALUE = {
     "--implementation": "no spec field", "--abi": "no spec field", "--upgrade-strategy": "no spec field",
     "-C": "no spec field", "--config-settings": "no spec field", "--global-option": "no spec field",
     "--no-binary": "no spec field", "--only-binary": "no spec field",
-    "--trusted-host": "TLS exceptions are a site's business (a site profile's CA bundle)",
     "--cert": "a site profile's CA bundle", "--client-cert": "no spec field", "--proxy": "a site's business",
     "--use-feature": "no spec field", "--use-deprecated": "no spec field", "--keyring-provider": "no spec field",
     "--report": "no spec field", "--python": "envport runs the env's own pip", "--hash": "the lock carries hashes",
@@ -101,7 +100,7 @@ def apply_options(words: list[str], ctx: PipContext, phase: Phase, in_file: bool
             continue
         opt, value = _split(word)
         takes_value = opt in FIELD_VALUE or opt in QUIET_VALUE or opt in REPORT_VALUE or \
-            opt in ("-r", "--requirement", "-c", "--constraint", "-e", "--editable")
+            opt in ("-r", "--requirement", "-c", "--constraint", "-e", "--editable", "--trusted-host")
         if takes_value and value is None:
             if i >= len(words):
                 ctx.note(word, DROPPED, "the option's value is missing")
@@ -129,6 +128,11 @@ def _flag(opt: str, ctx: PipContext, phase: Phase, written: str) -> None:
 def _value_option(opt: str, value: str, ctx: PipContext, phase: Phase) -> None:
     shown = f"{opt} {value}"
     if opt in QUIET_VALUE:
+        return
+    if opt == "--trusted-host":
+        from envport.porting.security import note_insecure
+
+        note_insecure(ctx.draft, "pip", [opt, value], ctx.line, ctx.file)
         return
     if opt in REPORT_VALUE:
         ctx.note(shown, DROPPED, REPORT_VALUE[opt])

@@ -20,6 +20,21 @@ REPORTED = "reported"
 # A step that ran (and may have installed something) but could not be read at all: the env the
 # spec describes may lack what it made, so the import is incomplete (exit 1) however valid the spec.
 LOST = "dropped (a step that may install something; the spec lacks it)"
+# A flag that turns off a check (signatures, TLS): never carried into the spec, always named.
+SECURITY = "kept out of the spec (security)"
+
+# What a note is, for a reader of --json: one of four kinds, whatever the wording of its action.
+KINDS = ("dropped", "mapped", "needs_decision", "security")
+
+
+def note_kind(action: str) -> str:
+    if action == SECURITY:
+        return "security"
+    if action.startswith("turned into"):
+        return "mapped"
+    if action.startswith(DROPPED):
+        return "dropped"
+    return "needs_decision"  # KEPT, REPORTED: kept as written, and a person must look at it
 
 
 def turned_into(field_name: str) -> str:
@@ -40,9 +55,13 @@ class Note:
         text = f"{where}: {self.construct}: {self.action}: {self.why}"
         return text + (f" (fix: {self.fix})" if self.fix else "")
 
+    @property
+    def kind(self) -> str:
+        return note_kind(self.action)
+
     def as_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "construct": self.construct, "action": self.action,
-                "why": self.why, "fix": self.fix}
+        return {"file": self.file, "line": self.line, "kind": self.kind, "construct": self.construct,
+                "action": self.action, "why": self.why, "fix": self.fix}
 
 
 @dataclass
@@ -59,6 +78,7 @@ class Phase:
     no_deps: bool = False
     force_reinstall: bool = False
     pre: bool = False
+    package_lines: dict[str, int] = field(default_factory=dict)  # a requirement -> its own line, where known
 
     def as_spec(self):
         opts = {}
@@ -84,6 +104,7 @@ class Draft:
     python: Optional[str] = None
     python_how: str = ""  # "the base image name", "apt package python3.11", ...
     python_guessed: bool = False
+    python_where: str = ""  # FILE:LINE the version came from, written next to `python:`
     system_pkgs: list[str] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -100,6 +121,8 @@ class Draft:
     notes: list[Note] = field(default_factory=list)
     lost: list[Note] = field(default_factory=list)  # the LOST notes: steps whose effect the spec lacks
     name_hint: Optional[str] = None  # e.g. environment.yml's `name:`
+    # `import --repo URL --commit SHA`: where the recipe's own project (`pip install .`) is published.
+    project_repo: Optional[tuple[str, str]] = None
     seq: int = 0
 
     def next_seq(self) -> int:
@@ -125,6 +148,7 @@ class Draft:
         """The first explicit source wins; a later one that disagrees is reported."""
         if self.python is None or (self.python_guessed and not guessed):
             self.python, self.python_how, self.python_guessed = version, how, guessed
+            self.python_where = f"{file or self.file}:{line}" if line else ""
             return
         if version != self.python and not guessed:
             self.note(line, how, REPORTED, f"names python {version}, but the spec already has {self.python} "

@@ -84,16 +84,68 @@ def _name_from_url(url: str) -> Optional[str]:
     return last or None
 
 
+# `pip install .`, `./`, `.[extra]`: the project whose checkout the recipe is built in.
+PROJECT_ITSELF = re.compile(r"^\.(/)?(\[[A-Za-z0-9_,.\s-]+\])?$")
+
+
+def project_name(ctx: PipContext) -> Optional[str]:
+    """The project's distribution name, from pyproject.toml's [project] or setup.cfg's [metadata] in the
+    build context; None when neither names it."""
+    import configparser
+    import tomllib
+
+    found = ctx.open_file("pyproject.toml")
+    if found:
+        try:
+            name = tomllib.loads(found[0]).get("project", {}).get("name")
+        except tomllib.TOMLDecodeError:
+            name = None
+        if isinstance(name, str) and name:
+            return name
+    found = ctx.open_file("setup.cfg")
+    if found:
+        cfg = configparser.ConfigParser(interpolation=None)
+        try:
+            cfg.read_string(found[0])
+            return cfg.get("metadata", "name", fallback=None) or None
+        except configparser.Error:
+            return None
+    return None
+
+
+def _project_itself(text: str, ctx: PipContext) -> Optional[str]:
+    """`pip install .` -> `name @ git+URL@SHA` from `import --repo URL --commit SHA`; without them the
+    install is lost (exit 1) with exactly that fix."""
+    extras = PROJECT_ITSELF.match(text).group(2) or ""
+    if ctx.draft.project_repo is None:
+        ctx.draft.lose(ctx.line, text, "installs the project the recipe is built in, from its checkout: a spec "
+                       "installs from a place every target can reach", "import again with --repo URL --commit "
+                       "SHA (the project's git URL and the full commit): it becomes `name @ git+URL@SHA`",
+                       file=ctx.file)
+        return None
+    url, sha = ctx.draft.project_repo
+    name = project_name(ctx) or re.sub(r"\.git$", "", url.rstrip("/").rsplit("/", 1)[-1])
+    req = f"{name}{extras.replace(' ', '')} @ git+{url}@{sha}"
+    ctx.note(text, turned_into("a direct reference"), f"the project itself, from --repo at --commit: {req}"
+             + ("" if project_name(ctx) else " (the name from the URL: no pyproject.toml/setup.cfg names it)"),
+             "check the name is the distribution's")
+    return req
+
+
 def requirement(text: str, ctx: PipContext) -> Optional[str]:
     """The spec requirement for one requirement as written in a recipe, or None (and a note)."""
     text = text.strip()
     if not text:
         return None
+    if PROJECT_ITSELF.match(text):
+        return _project_itself(text, ctx)
     if is_local_path(text) or re.match(r"^[A-Za-z0-9._-]+\s*@\s*file:", text):
-        ctx.note(text, DROPPED, "a local path exists on the machine that built this recipe, not on every target; "
-                 "envport does not guess where it lives",
-                 "build a wheel and pin it as `name @ https://…/name-1.0-py3-none-any.whl#sha256=…`, or put "
-                 "it in a find_links directory")
+        # It installs software the spec would lack: lost, so the import does not exit 0 without it.
+        ctx.draft.lose(ctx.line, text, "a local path exists on the machine that built this recipe, not on every "
+                       "target; envport does not guess where it lives",
+                       "build a wheel and pin it as `name @ https://…/name-1.0-py3-none-any.whl#sha256=…`, put "
+                       "it in a find_links directory, or (the project itself) import with --repo URL --commit SHA",
+                       file=ctx.file)
         return None
     if re.match(r"^(git|hg|svn|bzr)\+", text) or (re.match(r"^https?://", text) and " @ " not in text):
         name = _name_from_url(text)

@@ -17,19 +17,16 @@ from typing import Optional
 
 from envport.core.errors import Problem
 from envport.porting.context import BuildContext
-from envport.porting.report import REPORTED, Draft, Note
+from envport.porting.report import REPORTED, Draft, Note, turned_into
 from envport.porting.source import ImportRefused, read_text
 from envport.porting.spec_text import Output, slug, spec_text
+from envport.spec.venv_needs import DISTRO_PYTHON, venv_packages
 from envport.spec.yamlfile import MAX_BYTES
 
 KINDS = ("dockerfile", "def", "conda", "requirements", "shell")
 # Bounds on what an import writes: the loader refuses a spec file over its own bound (yamlfile.MAX_BYTES),
 # so an import that would write a larger one stops with the reason instead of writing one that never loads.
 MAX_RUN_COMMANDS = 2000
-# Debian/Ubuntu releases -> their python3, for a base that names no python.
-DISTRO_PYTHON = {"bookworm": "3.11", "debian:12": "3.11", "bullseye": "3.9", "debian:11": "3.9", "trixie": "3.13",
-                 "ubuntu24.04": "3.12", "ubuntu:24.04": "3.12", "noble": "3.12", "ubuntu22.04": "3.10",
-                 "ubuntu:22.04": "3.10", "jammy": "3.10", "ubuntu20.04": "3.8", "ubuntu:20.04": "3.8", "focal": "3.8"}
 
 
 @dataclass
@@ -107,12 +104,13 @@ def _is_requirement(line: str) -> bool:
     return True
 
 
-def read(path: Path, kind: Optional[str], context_dir: Optional[Path]) -> tuple[str, Draft]:
+def read(path: Path, kind: Optional[str], context_dir: Optional[Path],
+         project_repo: Optional[tuple[str, str]] = None) -> tuple[str, Draft]:
     label = path.name
     text = read_text(path, label)
     kind = kind or detect(path, text)
     context = BuildContext((context_dir or path.parent).resolve())
-    draft = Draft(file=label)
+    draft = Draft(file=label, project_repo=project_repo)
     if kind == "dockerfile":
         from envport.porting.dockerfile import read_dockerfile
         read_dockerfile(text, label, context, draft)
@@ -160,6 +158,14 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
                                f"the source names no python; {version} is the distribution's python3",
                                "check `python:` in the spec")
                     break
+    if draft.base and draft.python:
+        need = venv_packages(draft.base or "", draft.python or "", draft.system_pkgs)
+        if need:
+            draft.add_system(need)
+            draft.note(draft.base_line, f"base {draft.base}", turned_into("system_pkgs"),
+                       f"added {', '.join(need)}: envport makes the env with `python{draft.python} -m venv`, which "
+                       "this Debian/Ubuntu base cannot run without them")
+    _torch_order(draft)
     last_pip = max((p.seq for p in draft.phases), default=0)
     for cmd, file, line, seq in draft.run_commands:
         if seq < last_pip:
@@ -172,6 +178,45 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
         raise ImportRefused(f"{draft.file}: {len(draft.run_commands)} run commands, more than an env spec holds "
                             f"({MAX_RUN_COMMANDS} at most); split the recipe, or turn its steps into a script "
                             "shipped as a shim file")
+
+
+def _torch_order(draft: Draft) -> None:
+    """A distribution that compiles against torch when it installs (flash-attn, torch-scatter) must follow the
+    phase that installs torch; without one before it, its build fails (no torch to import), so it is lost."""
+    from packaging.requirements import Requirement
+
+    from envport.porting.conda import table
+    from envport.spec.model import canonical_name
+
+    needs = {canonical_name(n) for n in table()["needs_torch_at_build"]}
+    torch_phase = None
+    for ph in sorted(draft.phases, key=lambda p: p.seq):
+        names = [canonical_name(Requirement(p).name) for p in ph.packages]
+        for name, req in zip(names, ph.packages):
+            if name not in needs:
+                continue
+            if torch_phase is not None:
+                draft.note(ph.line, req, REPORTED, f"builds against torch when it installs: it must stay in a phase "
+                           f"after the one at {torch_phase.file}:{torch_phase.line} that installs torch",
+                           "keep the phase order; pin torch there so its build matches", file=ph.file)
+            else:
+                draft.lose(ph.line, req, "builds against torch when it installs, and no earlier phase installs "
+                           "torch: its build fails (no module named torch)", "install torch in a phase before this "
+                           "one", file=ph.file)
+        if torch_phase is None and "torch" in names:
+            torch_phase = ph
+
+
+def _project_repo(repo: Optional[str], commit: Optional[str]) -> Optional[tuple[str, str]]:
+    if repo is None and commit is None:
+        return None
+    if not repo or not re.match(r"^(https|ssh|file)://\S+$", repo):
+        raise ImportRefused(f"--repo {repo!r}: expected the project's git URL (https://…, ssh://…), e.g. "
+                            "--repo https://github.com/org/tool")
+    if not commit or not re.match(r"^[0-9a-f]{40}$", commit):
+        raise ImportRefused(f"--commit {commit!r}: expected the full 40-hex commit (git rev-parse HEAD), so the "
+                            "env does not move with a branch")
+    return repo, commit
 
 
 def default_name(path: Path, draft: Draft) -> str:
@@ -218,13 +263,14 @@ def mapped(draft: Draft) -> dict[str, int]:
 
 def import_recipe(path: Path, root: Path, name: Optional[str] = None, kind: Optional[str] = None,
                   context_dir: Optional[Path] = None, base: Optional[str] = None, python: Optional[str] = None,
-                  dry_run: bool = False, force: bool = False) -> Result:
+                  dry_run: bool = False, force: bool = False, repo: Optional[str] = None,
+                  commit: Optional[str] = None) -> Result:
     from envport.core.files import write_atomic
     from envport.spec.model import SLUG_RE
 
     if kind is not None and kind not in KINDS:
         raise ImportRefused(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
-    kind, draft = read(path, kind, context_dir)
+    kind, draft = read(path, kind, context_dir, _project_repo(repo, commit))
     finish(draft, base, python)
     name = name or default_name(path, draft)
     if not SLUG_RE.match(name):

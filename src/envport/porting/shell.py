@@ -13,6 +13,7 @@ bash-only syntax under /bin/sh).
 
 from __future__ import annotations
 
+import enum
 import posixpath
 import re
 import shlex
@@ -166,9 +167,9 @@ def handle(text: str, line: Optional[int], ctx: ShellContext) -> None:
     exports: list[str] = []
     for seg in segments:
         outcome = _classify(seg, line, ctx)
-        if outcome == "keep":
+        if outcome is Outcome.KEEP:
             pending.append(seg)
-        elif outcome == "export":
+        elif outcome is Outcome.EXPORT:
             exports.append(seg)
             pending.append(seg)
         else:
@@ -258,6 +259,17 @@ def _suggest_weights(text: str, ctx: ShellContext) -> None:
     ctx.draft.suggested_weights.append((name, entry))
 
 
+# Build args and env names recipes use for the interpreter's version (`ARG PYTHON_VERSION=3.10`).
+PYTHON_VARIABLE = re.compile(r"^(PYTHON|PY|PYTHON_VER|PYTHON_VERSION|PY_VERSION|PYVER)$")
+
+
+def python_variable(key: str, value: str, construct: str, line: Optional[int], ctx: ShellContext) -> None:
+    """A variable that names the python version: the spec's python, with the line it came from."""
+    m = re.match(r"^(3\.\d{1,2})(\.\d+)?$", value or "")
+    if PYTHON_VARIABLE.match(key) and m:
+        ctx.draft.set_python(m.group(1), f"`{construct}`", line, ctx.file)
+
+
 def _strip_prefix(words: list[str], line, ctx: ShellContext) -> list[str]:
     while words:
         if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) and len(words) > 1:
@@ -273,64 +285,111 @@ def _strip_prefix(words: list[str], line, ctx: ShellContext) -> list[str]:
     return words
 
 
-def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> str:
-    """'keep', 'export' (an export: kept unless nothing follows it), or 'done' (mapped or dropped)."""
+class Outcome(enum.Enum):
+    """What one simple command became."""
+
+    KEEP = "keep"  # a run command, kept in order
+    EXPORT = "export"  # a RUN's export: kept unless nothing follows it in the line
+    DONE = "done"  # mapped onto a field, or dropped with a note
+
+
+def _classify(seg: str, line: Optional[int], ctx: ShellContext) -> Outcome:
     try:
         words = split_words(seg)
     except ValueError:
         ctx.note(line, seg, KEPT, "unbalanced quotes: shlex cannot split it into words")
-        return "keep"
-    words = _strip_prefix(words, line, ctx)
+        return Outcome.KEEP
+    words = _command_words(_strip_prefix(words, line, ctx), ctx)
     if not words:
-        return "done"
+        return Outcome.DONE
+    if ctx.rendered and _rendered_noise(words, ctx.rendered_step, ctx):
+        return Outcome.DONE
+    for handler in HANDLERS:
+        outcome = handler(words, seg, line, ctx)
+        if outcome is not None:
+            return outcome
+    if posixpath.basename(words[0]) == "cd" and len(words) == 2 and words[1].startswith("/"):
+        ctx.cwd = words[1]
+    return Outcome.KEEP
+
+
+def _command_words(words: list[str], ctx: ShellContext) -> list[str]:
+    """`python${PYTHON_VERSION} -m venv`: the command name with the build args' defaults substituted."""
+    if words and "$" in words[0] and not COMPUTED.search(words[0]):
+        from envport.porting.envvars import substitute
+
+        sub, missing = substitute(words[0], ctx.variables)
+        if sub is not None and not missing:
+            return [sub, *words[1:]]
+    return words
+
+
+# One handler per command family: (words, seg, line, ctx) -> an Outcome, or None when it is not theirs.
+def _packages_family(words, seg, line, ctx) -> Optional[Outcome]:
     cmd = posixpath.basename(words[0])
-    step = ctx.rendered_step if ctx.rendered else None
-    if ctx.rendered and _rendered_noise(words, step, ctx):
-        return "done"
     if cmd in APT:
         return _apt(words, seg, line, ctx)
     if cmd in YUM or cmd == "apk":
         return _other_pkg(cmd, words, seg, line, ctx)
+    return None
+
+
+def _housekeeping_family(words, seg, line, ctx) -> Optional[Outcome]:
+    """Cleanup and shell options envport's renderers do themselves."""
+    cmd = posixpath.basename(words[0])
     if cmd == "rm" and len(words) > 1 and all(w.startswith("-") or CLEANUP.match(w) for w in words[1:]):
-        return "done"
+        return Outcome.DONE
     if cmd == "set" and all(w.startswith(("-", "+")) or w in ("pipefail", "errexit", "nounset", "xtrace")
                             for w in words[1:]):
-        return "done"
+        return Outcome.DONE
     if _compiles_bytecode(words):
         if not ctx.rendered:  # envport's own recipes compile after each pip phase: nothing to say
             ctx.note(line, seg, DROPPED, "compiles bytecode: envport compiles it after each pip phase "
                      "(or leaves it to the first import, as the site's `bytecode` says)")
-        return "done"
+        return Outcome.DONE
+    return None
+
+
+def _python_family(words, seg, line, ctx) -> Optional[Outcome]:
+    """pip (every spelling), venv/virtualenv, conda, lockfile installers, venv activation."""
     pip = _pip_words(words, line, ctx)
     if pip is not None:
         return _pip(pip, words, seg, line, ctx)
     if _venv(words, seg, line, ctx):
-        return "done"
+        return Outcome.DONE
+    cmd = posixpath.basename(words[0])
     if cmd in CONDA:
         return _conda(words, seg, line, ctx)
     sub = words[1] if len(words) > 1 else ""
     if (cmd, sub) in LOCKFILE or (cmd, "") in LOCKFILE or (cmd == "uv" and words[1:3] == ["pip", "sync"]):
         ctx.note(line, seg, KEPT, "installs from a lockfile, which envport cannot read into pip phases",
                  "export the lock to pinned requirements (`uv export`, `poetry export`) and import those")
-        return "keep"
+        return Outcome.KEEP
     if cmd in ("source", ".") and len(words) > 1 and re.search(r"activate$", words[1]):
         ctx.note(line, seg, DROPPED, "envport's venv is active in every step", "")
-        return "done"
-    if cmd == "export":
-        return _export(words, seg, line, ctx)
-    if cmd in ("huggingface-cli", "hf") and sub == "download":
-        ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
-                 "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
-        _suggest_weights(seg, ctx)
-        return "done"
-    if cmd in ("wget", "curl") and (WEIGHT_FILE.search(seg) or WEIGHT_HINT.search(seg)) or MODEL_DOWNLOADER.search(seg):
-        ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
-                 "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
-        _suggest_weights(seg, ctx)
-        return "done"
-    if cmd == "cd" and len(words) == 2 and words[1].startswith("/"):
-        ctx.cwd = words[1]
-    return "keep"
+        return Outcome.DONE
+    return None
+
+
+def _export_family(words, seg, line, ctx) -> Optional[Outcome]:
+    return _export(words, seg, line, ctx) if posixpath.basename(words[0]) == "export" else None
+
+
+def _weights_family(words, seg, line, ctx) -> Optional[Outcome]:
+    """Model weights downloaded during the build: dropped, suggested as weight_dirs fetched at run time."""
+    cmd = posixpath.basename(words[0])
+    sub = words[1] if len(words) > 1 else ""
+    hub = cmd in ("huggingface-cli", "hf") and sub == "download"
+    fetch = cmd in ("wget", "curl") and (WEIGHT_FILE.search(seg) or WEIGHT_HINT.search(seg))
+    if not (hub or fetch or MODEL_DOWNLOADER.search(seg)):
+        return None
+    ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
+             "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
+    _suggest_weights(seg, ctx)
+    return Outcome.DONE
+
+
+HANDLERS = (_packages_family, _housekeeping_family, _python_family, _export_family, _weights_family)
 
 
 def _compiles_bytecode(words: list[str]) -> bool:
@@ -358,22 +417,25 @@ def _rendered_noise(words: list[str], step: Optional[str], ctx: ShellContext) ->
     return False
 
 
-def _apt(words, seg, line, ctx) -> str:
+def _apt(words, seg, line, ctx) -> Outcome:
+    from envport.porting.security import note_insecure
+
+    note_insecure(ctx.draft, "apt", words, line, ctx.file)
     sub = next((w for w in words[1:] if not w.startswith("-")), "")
     if sub in ("update", "clean", "autoclean", "autoremove"):
-        return "done"
+        return Outcome.DONE
     if sub in ("upgrade", "dist-upgrade", "full-upgrade"):
         ctx.note(line, seg, KEPT, "upgrades the base image's packages: the env changes as the mirror does",
                  "use a newer base image instead")
-        return "keep"
+        return Outcome.KEEP
     if sub != "install":
-        return "keep"
-    pkgs, bad, args = [], [], words[1:]
+        return Outcome.KEEP
+    pkgs, bad, args = [], [], _known_args(words[1:], seg, line, ctx)
     computed = [w for w in args if "$" in w or COMPUTED.search(w)]
     if computed:
         ctx.note(line, seg, KEPT, f"a package name computed when the line runs ({computed[0]}): its value is unknown "
                  "here, so the whole install stays a run command", "write the package names into system_pkgs")
-        return "keep"
+        return Outcome.KEEP
     skip = False
     for j, w in enumerate(args):
         if skip:
@@ -388,26 +450,50 @@ def _apt(words, seg, line, ctx) -> str:
             continue
         (pkgs if DEB_PKG.match(w) else bad).append(w)
     ctx.draft.add_system(pkgs)
+    for p in pkgs:  # deadsnakes' `python3.10`, `python3.10-venv`: the interpreter the env runs
+        if (m := re.match(r"^python(3\.\d{1,2})(-venv|-dev|-full)?$", p)):
+            ctx.draft.set_python(m.group(1), f"the apt package {p}", line, ctx.file)
     if bad:
         ctx.note(line, " ".join(bad), KEPT, "not Debian package names the spec accepts (a variable, glob or "
                  "file?)", "write the package names into system_pkgs")
         ctx.draft.add_run("apt-get install -y " + " ".join(shlex.quote(b) for b in bad), line, ctx.file)
-    return "done"
+    return Outcome.DONE
 
 
-def _other_pkg(cmd, words, seg, line, ctx) -> str:
+def _known_args(args: list[str], seg: str, line, ctx: ShellContext) -> list[str]:
+    """ARGS with each `$VAR` a build arg's default or an earlier ENV gives substituted (one rule: the
+    default is what the build used); a word with an unknown variable, or a command substitution, is left as
+    written."""
+    from envport.porting.envvars import substitute
+
+    out, used = [], []
+    for w in args:
+        if "$" in w and not COMPUTED.search(w):
+            sub, missing = substitute(w, ctx.variables)
+            if sub is not None and not missing:
+                used.append(f"{w} -> {sub}")
+                w = sub
+        out.append(w)
+    if used:
+        ctx.note(line, seg, turned_into("system_pkgs"), f"package names written with build args or ENV values, "
+                 f"read with their defaults: {', '.join(used)}", "a build with other --build-arg values needs "
+                 "those names in system_pkgs")
+    return out
+
+
+def _other_pkg(cmd, words, seg, line, ctx) -> Outcome:
     sub = next((w for w in words[1:] if not w.startswith("-")), "")
     if (cmd == "apk" and sub in ("update",)) or sub in ("clean", "makecache"):
-        return "done"
+        return Outcome.DONE
     if not ((cmd == "apk" and sub == "add") or (cmd != "apk" and sub == "install")):
-        return "keep"
+        return Outcome.KEEP
     pkgs = [w for w in words[1:] if not w.startswith("-") and w != sub]
     good = [p for p in pkgs if DEB_PKG.match(p)]
     ctx.draft.add_system(good)
     ctx.note(line, seg, turned_into("system_pkgs"), f"{cmd} package names are that distribution's; envport installs "
              "system_pkgs with apt-get on a Debian/Ubuntu base", "check each name against Debian's "
              "(e.g. gcc-c++ -> g++, python3-devel -> python3-dev)")
-    return "done"
+    return Outcome.DONE
 
 
 def _pip_words(words: list[str], line, ctx: ShellContext) -> Optional[list[str]]:
@@ -427,7 +513,7 @@ def _pip_words(words: list[str], line, ctx: ShellContext) -> Optional[list[str]]
     return None
 
 
-def _pip(rest: list[str], words, seg, line, ctx: ShellContext) -> str:
+def _pip(rest: list[str], words, seg, line, ctx: ShellContext) -> Outcome:
     opts = []
     while rest and rest[0].startswith("-"):
         opts.append(rest[0])
@@ -436,7 +522,7 @@ def _pip(rest: list[str], words, seg, line, ctx: ShellContext) -> str:
     if sub == "install" and any(COMPUTED.search(w) for w in rest):
         ctx.note(line, seg, KEPT, "a requirement computed when the line runs (`$(…)`, a backtick): its value is "
                  "unknown here, so the pip call stays a run command", "write the requirements into pip_phases")
-        return "keep"
+        return Outcome.KEEP
     if sub == "install":
         if posixpath.basename(words[0]) == "uv":
             ctx.note(line, seg, turned_into("a pip phase"), "uv's resolver may choose other versions than pip's "
@@ -447,10 +533,10 @@ def _pip(rest: list[str], words, seg, line, ctx: ShellContext) -> str:
         phase = install_phase(args, ctx.pip(line))
         if phase:
             ctx.draft.add_phase(phase)
-        return "done"
+        return Outcome.DONE
     if sub == "cache":
-        return "done"
-    return "keep"
+        return Outcome.DONE
+    return Outcome.KEEP
 
 
 def _locked_phase(args: list[str], line, ctx: ShellContext) -> list[str]:
@@ -497,7 +583,7 @@ def _venv(words, seg, line, ctx: ShellContext) -> bool:
     return True
 
 
-def _conda(words, seg, line, ctx: ShellContext) -> str:
+def _conda(words, seg, line, ctx: ShellContext) -> Outcome:
     from envport.porting.conda import conda_packages
 
     sub = words[1] if len(words) > 1 else ""
@@ -512,7 +598,7 @@ def _conda(words, seg, line, ctx: ShellContext) -> str:
             ctx.draft.lose(line, seg, "a conda environment file that is not a file inside the build context "
                            "(missing, or outside it through `..` or a link)", "import the environment.yml itself",
                            file=ctx.file)
-        return "done"
+        return Outcome.DONE
     if sub in ("create", "install"):
         pkgs, skip = [], False
         for w in words[2:]:
@@ -526,35 +612,35 @@ def _conda(words, seg, line, ctx: ShellContext) -> str:
             ctx.note(line, seg, REPORTED, "a conda install after pip phases: conda may replace what pip installed, "
                      "so the order changes what is installed", "install conda packages before any pip call")
         conda_packages(pkgs, ctx.draft, ctx.file, line)
-        return "done"
+        return Outcome.DONE
     if sub in ("activate", "deactivate", "init", "clean", "config"):
         ctx.note(line, seg, DROPPED, "envport has no conda in containers; its venv is active in every step")
-        return "done"
+        return Outcome.DONE
     ctx.note(line, seg, KEPT, "a conda command envport cannot map")
-    return "keep"
+    return Outcome.KEEP
 
 
-def _export(words, seg, line, ctx: ShellContext) -> str:
+def _export(words, seg, line, ctx: ShellContext) -> Outcome:
     from envport.porting.envvars import add_env
 
     pairs = [w.partition("=") for w in words[1:] if "=" in w]
     if not pairs or len(pairs) != len(words) - 1:
-        return "keep"
+        return Outcome.KEEP
     if all(k == "DEBIAN_FRONTEND" for k, _, _ in pairs):
-        return "done"  # envport's apt step sets it itself
+        return Outcome.DONE  # envport's apt step sets it itself
     if ctx.mode == "def":
         if all(ctx.runtime_env.get(k) == v for k, _, v in pairs):
-            return "done"  # the same value %environment sets at run time: the spec's env has it
+            return Outcome.DONE  # the same value %environment sets at run time: the spec's env has it
         ctx.note(line, seg, KEPT, "an export in %post lasts only for the build, and %environment does not set it",
                  "if the env needs it at run time, add it to `env`")
-        return "keep"
+        return Outcome.KEEP
     if ctx.mode == "docker":
-        return "export"
+        return Outcome.EXPORT
     if any("`" in v or "$(" in v for _, _, v in pairs):
         ctx.note(line, seg, KEPT, "a command substitution (`…` or $(…)): the spec's env values are literal text, "
                  "so the export stays a run command and lasts only while it runs",
                  "write the value out in `env` if the env needs it at run time")
-        return "keep"
+        return Outcome.KEEP
     for k, _, v in pairs:
         before = dict(ctx.draft.env)
         add_env(ctx.draft, k, v, line, ctx.file, construct=f"export {k}={v}")
@@ -562,4 +648,4 @@ def _export(words, seg, line, ctx: ShellContext) -> str:
             ctx.variables[k] = v
             ctx.draft.note(line, f"export {k}={v}", turned_into(f"env.{k}"), "a script's export; the spec's env "
                            "is also set when the env runs, not only while it is built", file=ctx.file)
-    return "done"
+    return Outcome.DONE

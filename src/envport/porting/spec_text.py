@@ -71,7 +71,9 @@ def spec_text(draft: Draft, name: str, kind: str, source_label: str) -> Output:
         lines.append(f"base: {q(FILL_BASE)}  # FILL: the docker image the env starts from")
         out.fill.append(("base", "no base image could be read from the source"))
     if draft.python:
-        how = f"  # {'guessed from' if draft.python_guessed else 'from'} {draft.python_how}" if draft.python_how else ""
+        where = f" at {draft.python_where}" if draft.python_where else ""
+        how = (f"  # {'guessed from' if draft.python_guessed else 'from'} {draft.python_how}{where}"
+               if draft.python_how else "")
         lines.append(f"python: {q(draft.python)}{how}")
     else:
         lines.append(f"python: {q(FILL_PYTHON)}  # FILL: the env's python, MAJOR.MINOR")

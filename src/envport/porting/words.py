@@ -35,10 +35,31 @@ def _tree(text: str):
     return data, _parser().parse(data).root_node
 
 
+# `pip install a `# why a is pinned` b`: the Dockerfile idiom for a comment inside a continued line.  Bash
+# runs the backticks' body, a comment, so they expand to nothing; tree-sitter-bash reads the `#` as a
+# comment to the end of the line, which swallowed every package after it (and the closing backtick).
+_BACKTICK_COMMENT = re.compile(r"`[ \t]*#[^`\n]*`")
+
+
+def _drop_backtick_comments(text: str) -> str:
+    """TEXT without backtick substitutions that hold only a comment, outside single quotes."""
+    out, last, quoted = [], 0, False
+    for i, c in enumerate(text):
+        if i < last:
+            continue
+        if c == "'" and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif c == "`" and not quoted and (m := _BACKTICK_COMMENT.match(text, i)):
+            out.append(text[last:i])
+            last = m.end()
+    return "".join(out) + text[last:] if out else text
+
+
 def strip_comments(text: str) -> str:
     """TEXT without its shell comments (`# …` where bash starts one, not inside quotes or words)."""
     if "#" not in text:
         return text
+    text = _drop_backtick_comments(text)
     data, root = _tree(text)
     cuts, stack = [], [root]
     while stack:

@@ -28,7 +28,11 @@ class Venv(HostTarget):
         if shutil.which(py) is None:
             return [Finding("runtime_missing", f"{py} is not on PATH (the venv target makes the env with it)",
                             f"install it (Debian: apt-get install {py}-venv), or use --target docker")]
-        return []
+        from envport.spec.venv_needs import host_venv_missing
+
+        why = host_venv_missing(ctx.spec.python)
+        return [Finding("runtime_missing", why, f"install {py}-venv (Debian/Ubuntu: apt-get install {py}-venv), "
+                        "or use --target docker")] if why else []
 
     def probe_script(self, prefix: str) -> str:
         # Activates the venv the way a user does (bin/activate sources .envport/env.sh).
