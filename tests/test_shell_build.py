@@ -226,7 +226,7 @@ def test_ctrl_c_while_the_venv_is_made_leaves_nothing_half_made(proj):
     bg.wait_for("python: python 3.11")
     bg.proc.send_signal(signal.SIGINT)
     rc, out = bg.finish(timeout=120)
-    assert rc == 1 and '"reason": "interrupted"' in out, out
+    assert rc == 130 and '"reason": "interrupted"' in out, out
     assert '"detail": "stopped by SIGINT to envport; the half-made env was removed;' in out, out
     assert not proj.prefix(NAME).exists()
     assert list((proj.envs_dir / f".{NAME}.builds").iterdir()) == []
@@ -250,7 +250,7 @@ def test_sigterm_reaches_every_child_and_envport_waits_for_them(proj):
     rc, out = bg.finish(timeout=120)
     # envport returned only after the tree was gone: nothing with the marker is left.
     assert marked(mark) == [], "processes outlived envport"
-    assert rc == 1 and '"reason": "interrupted"' in out, out
+    assert rc == 130 and '"reason": "interrupted"' in out, out
     assert '"detail": "stopped by SIGTERM to envport; the half-made env was removed;' in out, out
     proj.write(old)
     assert proj.build(NAME).verdict == "present", "the old env must survive an interrupted rebuild"
@@ -265,7 +265,7 @@ def test_sigterm_over_ssh_stops_the_remote_build(proj, ssh_host):
     wait_until(lambda: any(c.startswith("sleep 300") for c in marked(mark)), 180, "the remote run command started")
     bg.proc.send_signal(signal.SIGTERM)
     rc, out = bg.finish(timeout=120)
-    assert rc == 1 and '"reason": "interrupted"' in out, out
+    assert rc == 130 and '"reason": "interrupted"' in out, out
     wait_until(lambda: marked(mark) == [], 30, "the remote processes ended")
     left = subprocess.run(ssh_host.argv(f"ls -A {proj.envs_dir}/.{NAME}.builds"), capture_output=True, text=True,
                           timeout=60)

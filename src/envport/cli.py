@@ -51,6 +51,7 @@ EXIT_CODES_HELP = """exit codes:
   2  usage error or invalid spec
   3  refused (the host cannot do it, or it does not match the spec; reason + fix printed)
   5  no accelerator where the spec requires one
+  130  interrupted (SIGINT, SIGTERM or SIGHUP to envport; the signal is named)
 """
 
 
@@ -93,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except EnvportError as exc:
         return _report_error(args, exc)
-    except KeyboardInterrupt:
-        print("envport: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        from envport.core.proc import Terminated
+
+        # Name the signal: a SIGTERM from a scheduler and a Ctrl-C call for different next steps.
+        print(f"envport: interrupted by {'SIGTERM' if isinstance(exc, Terminated) else 'SIGINT'}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `envport show X | head`: the reader left; say nothing more (and no traceback at exit's flush).

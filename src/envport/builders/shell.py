@@ -36,7 +36,7 @@ from envport.spec.loader import Loaded
 from envport.recipe.identity import Resolved, resolve
 from envport.engines.ssh import is_unreachable, resolve_host, ssh_argv, unreachable
 from envport.core.progress import Progress
-from envport.core.verdict import StepResult, Verdict
+from envport.core.verdict import INTERRUPTED_REASON, StepResult, Verdict
 
 FORWARDED_ENV = ("ENVPORT_ENVS_DIR", "ENVPORT_ROOT", "ENVPORT_LOCK_WAIT")
 REFUSED_RE = re.compile(r"REFUSED \[(\w+)\]: (.*)$")
@@ -176,7 +176,10 @@ def _verdict(name: str, resolved: Resolved, host, target_host, rc: int, lines: l
         why = f"stopped by {stopped_by} to envport" if stopped_by else said[len("INTERRUPTED "):]
         if said:
             why += "; " + said.split(": ", 1)[-1]
-        return StepResult(name, Verdict.FAILED, why, reason="interrupted", lines=lines[-30:], seconds=seconds)
+        if stopped_by:
+            # "INTERRUPTED by SIGTERM" is the wrapper passing the stop on; shown, it hid the SIGINT the user sent.
+            lines = [ln for ln in lines if "]: INTERRUPTED by " not in ln]
+        return StepResult(name, Verdict.FAILED, why, reason=INTERRUPTED_REASON, lines=lines[-30:], seconds=seconds)
     if rc == 0:
         present = any(s.startswith("present ") and "@" in s for s in says[-3:])
         verdict = Verdict.PRESENT if present else Verdict.OK

@@ -32,6 +32,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad arguments or an invalid spec
 EXIT_REFUSED = 3
 EXIT_NO_ACCELERATOR = 5  # the spec requires a GPU and none is present
+EXIT_INTERRUPTED = 130  # a signal to envport stopped the run (Ctrl-C, SIGTERM, SIGHUP), on every target
+INTERRUPTED_REASON = "interrupted"
 
 # A REFUSED step carrying this reason exits 5 rather than 3, so schedulers can
 # route the job to a GPU node instead of treating it as a broken env.
@@ -68,6 +70,8 @@ class StepResult:
 def exit_code(results: Iterable[StepResult]) -> int:
     """The exit code for a run: the first step that is not ok decides it."""
     for r in results:
+        if r.reason == INTERRUPTED_REASON:
+            return EXIT_INTERRUPTED
         if r.verdict is Verdict.FAILED:
             return EXIT_FAILED
         if r.verdict is Verdict.REFUSED:

@@ -65,7 +65,9 @@ class WitnessCall:
 @dataclass
 class WitnessPlan:
     calls: list[WitnessCall]
-    skipped: list[StepResult]  # what the GPUs here cannot hold, each with "needs N GPUs, ... has M"
+    # What the GPUs here cannot hold ("needs N GPUs, ... has M") and each --only check the spec asks for no
+    # witness of ("the spec asks for no kernel witness").
+    skipped: list[StepResult]
     nccl_gpus: int = 0  # GPUs the NCCL worlds were planned for (0: gloo only)
 
 
@@ -76,6 +78,21 @@ def requires_gpu(spec: Spec, opts: WitnessOptions) -> bool:
 
 def _wanted(check: str, opts: WitnessOptions) -> bool:
     return not opts.only or check in opts.only
+
+
+def declared(spec: Spec, check: str, opts: WitnessOptions) -> bool:
+    """Whether the spec asks for this check (--world-size asks for collectives at that world)."""
+    w = spec.witnesses
+    return {"python": True, "imports": bool(w.imports), "cli": bool(w.cli),
+            "weights": any(wd.files for wd in spec.weight_dirs.values()), "kernel": bool(w.kernel),
+            "collectives": bool(w.collectives or opts.world_size), "dtensor": bool(w.dtensor)}[check]
+
+
+def not_asked(spec: Spec, opts: WitnessOptions) -> list[StepResult]:
+    """An --only check the spec has no witness for is SKIPPED, saying so: running kernel.py anyway on an env
+    without torch printed `FAILED kernel ModuleNotFoundError: torch` for a check nobody declared."""
+    return [StepResult(c, Verdict.SKIPPED, f"the spec asks for no {c} witness")
+            for c in dict.fromkeys(opts.only) if not declared(spec, c, opts)]
 
 
 # A one-rank NCCL group proves NCCL starts and runs its kernels on this GPU; it sends nothing anywhere.
@@ -116,7 +133,7 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
     _plan_collectives(spec, opts, groups)
     _plan_dtensor(spec, opts, groups)
     calls = [c for c in (_basic_call(spec, opts), _kernel_call(spec, opts, gpus, census)) if c is not None]
-    return WitnessPlan(calls + groups.calls(opts), groups.skipped, gpus)
+    return WitnessPlan(calls + groups.calls(opts), not_asked(spec, opts) + groups.skipped, gpus)
 
 
 def _basic_call(spec: Spec, opts: WitnessOptions) -> Optional[WitnessCall]:
@@ -147,7 +164,7 @@ def _basic_call(spec: Spec, opts: WitnessOptions) -> Optional[WitnessCall]:
 
 
 def _kernel_call(spec: Spec, opts: WitnessOptions, gpus: int, census: Optional[GpuCensus]) -> Optional[WitnessCall]:
-    if not (_wanted("kernel", opts) and (spec.witnesses.kernel or "kernel" in opts.only)):
+    if not (_wanted("kernel", opts) and spec.witnesses.kernel):
         return None
     device = "cuda" if gpus else ("cpu" if opts.device == "cpu" or census is not None else opts.device)
     return WitnessCall("kernel.py", ["--device", device], ["kernel"], opts.deadline_s, "kernel")
@@ -196,7 +213,7 @@ class _DistGroups:
 
 def _plan_collectives(spec: Spec, opts: WitnessOptions, groups: _DistGroups) -> None:
     w, gpus = spec.witnesses, groups.gpus
-    if not (_wanted("collectives", opts) and (w.collectives or "collectives" in opts.only or opts.world_size)):
+    if not (_wanted("collectives", opts) and declared(spec, "collectives", opts)):
         return
     world = opts.world_size or (w.collectives.world_size if w.collectives else 2)
     groups.add("gloo", world, "collectives")

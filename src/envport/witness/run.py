@@ -68,7 +68,8 @@ def _run_planned(spec: Spec, launcher, opts: WitnessOptions, add: Callable[[list
     planned = plan_witnesses(spec, opts, census)
     ran: dict[str, StepResult] = {}
     if not planned.calls:
-        add([StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --only left none)")])
+        add(planned.skipped or [StepResult("witness", Verdict.SKIPPED,
+                                           "the spec declares no witnesses (or --only left none)")])
         return
     for call in planned.calls:
         if opts.on_start:
