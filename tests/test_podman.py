@@ -7,8 +7,10 @@ podman target found in the registry (targets.registry.get), on a small env (six 
 
 Host changes made here, said so: a venv for the test user at PODMAN_VENV (this checkout's envport and its
 dependencies, for the user's own interpreter; root's pyenv python is not readable by other users), made
-once and kept like tests/support.py's LOCAL_ENVS_DIR; a project folder in the test user's home and its
-images in the test user's podman storage, both removed at the end.
+once and kept like tests/support.py's LOCAL_ENVS_DIR; project folders in the test users' homes, removed at
+the end; the small env's images in the test user's podman storage, removed at the end; demo-cpu's image
+(1.1 GB) kept there, as the docker tests keep theirs, so the next run finds it present (a first build
+here: 185 s).
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def tiny(user_venv):
         results, stderr = drive(USER, "build", name, project)
         yield project, name, results, stderr
     finally:
-        for ref in (f"envport/{name}:latest",):
-            as_user(USER, "podman", "rmi", "-f", ref, cwd=project, timeout=120)
+        tags = [r["data"]["image"] for r in results if r["data"].get("image")] if "results" in locals() else []
+        for ref in (*tags, f"envport/{name}:latest"):
+            as_user(USER, "podman", "rmi", ref, cwd=project, timeout=120)
         shutil.rmtree(project, ignore_errors=True)
 
 
@@ -197,6 +200,49 @@ def _loaded(root: Path, name: str):
     return load_spec(name, root)
 
 
+@pytest.fixture(scope="module")
+def demo_podman(user_venv, tmp_path_factory):
+    """demo-cpu (torch on gloo) built rootless by the test user. Its wheelhouse is staged by root, as the
+    docker tests stage it (the host's pip config that finds the torch wheel is root's), then handed over."""
+    from .support import run_envport
+
+    pw = _user(USER)
+    staging = copy_project(tmp_path_factory.mktemp("podman-wheelhouse"))
+    run_envport("wheelhouse", "demo-cpu", root=staging, check=True)
+    project = Path(pw.pw_dir) / "envport-tests" / unique("demo")
+    project.mkdir(parents=True)
+    copy_project(project)
+    shutil.copytree(staging / ".cache" / "wheelhouse", project / ".cache" / "wheelhouse")
+    subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project.parent)], check=True)
+    try:
+        results, _ = drive(USER, "build", "demo-cpu", project, timeout=1800)
+        assert results[-1]["verdict"] in ("OK", "present"), results
+        yield project
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+
+
+def test_demo_witnesses_with_collectives_at_world_2_by_podman_run(demo_podman):
+    results, _ = drive(USER, "witness", "demo-cpu", demo_podman, timeout=1200)
+    failed = [r for r in results if r["verdict"] != "OK"]
+    assert results and not failed, failed
+    steps = {r["step"]: r for r in results}
+    assert "collectives (world 2)" in steps, sorted(steps)
+    assert steps["collectives (world 2)"]["detail"].startswith("2 ranks on "), steps["collectives (world 2)"]
+
+
+def test_matrix_lists_podman_runnable_for_the_user(tiny):
+    """`envport matrix` (the CLI, as the test user) has a podman row from the registry, judged by its needs."""
+    project, name, _, _ = tiny
+    proc = as_user(USER, "envport", "matrix", "--env", name, "--target", "podman", "--json", cwd=project,
+                   timeout=300)
+    pairs = [p for p in json.loads(proc.stdout)["pairs"] if p["target"] == "podman"]
+    assert len(pairs) == 1 and pairs[0]["runnable"] is True, proc.stdout + proc.stderr
+    needs = {n["what"]: n for n in pairs[0]["needs"]}
+    assert needs["podman engine"]["detail"].startswith("rootless, overlay storage "), needs
+    assert needs["base image envport/debian-bookworm:base"]["ok"] is True
+
+
 def test_single_uid_mode_is_refused_with_the_fix(user_venv, tmp_path):
     """Measured (docs/podman.md): with no /etc/subuid range podman maps one uid and cannot even store the
     Debian base image, so the build is REFUSED before anything is built, naming the usermod fix."""
@@ -208,8 +254,12 @@ def test_single_uid_mode_is_refused_with_the_fix(user_venv, tmp_path):
         write_spec(project, "tinypm")
         subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project.parent)], check=True)
         (result,), _ = drive(SINGLE_UID_USER, "build", "tinypm", project, timeout=300)
+        matrix = as_user(SINGLE_UID_USER, "envport", "matrix", "--env", "tinypm", "--target", "podman", "--json",
+                         cwd=project, timeout=300)
     finally:
         shutil.rmtree(project, ignore_errors=True)
     assert result["verdict"] == "REFUSED" and result["reason"] == "podman_single_uid", result
     assert f"usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {SINGLE_UID_USER}" in result["detail"]
     assert "podman system migrate" in result["detail"]
+    (pair,) = [p for p in json.loads(matrix.stdout)["pairs"] if p["target"] == "podman"]
+    assert pair["runnable"] is False and pair["why_not"].startswith("podman_single_uid: podman engine: "), pair

@@ -90,9 +90,12 @@ def problem(step: str) -> Optional[StepResult]:
     return None
 
 
-def store(data: dict) -> str:
+def mode(data: dict) -> str:
+    """Rootless or rootful, and where this user's images live: `podman info` in one line."""
     s = data.get("store", {})
-    return f"{s.get('graphDriverName', '?')} storage {s.get('graphRoot', '?')}, runroot {s.get('runRoot', '?')}"
+    rootless = data.get("host", {}).get("security", {}).get("rootless")
+    return (f"{'rootless' if rootless else 'rootful'}, {s.get('graphDriverName', '?')} storage "
+            f"{s.get('graphRoot', '?')}, runroot {s.get('runRoot', '?')}")
 
 
 def image(ref: str) -> Optional[dict]:

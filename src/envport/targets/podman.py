@@ -275,11 +275,12 @@ class Podman(Target):
     def needs(self, req: NeedsRequest) -> list[Need]:
         refused = engine.problem("podman")
         if refused is not None:
-            return [Need("rootless podman", False, refused.detail, refused.reason)]
+            detail, _, fix = refused.detail.partition("; ")
+            return [Need("podman engine", False, detail, refused.reason, fix)]
         data, _ = engine.info()
         base = _base(_resolve(req.loaded, req.site).plan)
         detail, _, fix = base.detail.partition("; ")
-        return [Need("rootless podman", True, engine.store(data or {})),
+        return [Need("podman engine", True, engine.mode(data or {})),
                 Need(base.step.replace("base ", "base image ", 1), base.verdict.ok, detail, base.reason, fix)]
 
     def parity_unavailable(self) -> Optional[str]:
