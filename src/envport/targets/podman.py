@@ -21,7 +21,7 @@ from typing import Optional
 
 from envport.core.verdict import StepResult, Verdict
 from envport.engines import podman as engine
-from envport.targets.base import SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+from envport.targets.base import PRESENT, SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
 from envport.witness.launchers.docker import DockerLauncher
 
 NAME = "podman"
@@ -262,7 +262,10 @@ class Podman(Target):
     summary = ("image envport/<name>:<hash12> built rootless by `podman build` from the same Dockerfile, "
                "in the user's own podman storage")
     engine_lock = "podman storage"
-    unsupported = {SLURM: "no Slurm profile runs podman tasks yet (container_runtime is docker or apptainer)"}
+    unsupported = {
+        PRESENT: "a podman build checks the image's envport.hash label itself and reports present",
+        SLURM: "no Slurm profile runs podman tasks yet (container_runtime is docker or apptainer)",
+    }
 
     def runtime_findings(self, ctx) -> list:
         from envport.builders.preflight import Finding
@@ -289,14 +292,6 @@ class Podman(Target):
 
     def build(self, req: BuildRequest):
         return build(req)
-
-    def present(self, req: BuildRequest) -> StepResult:
-        resolved = _resolve(req.loaded, req.site)
-        refused = engine.problem(f"image {resolved.identity.image_tag}")
-        if refused is not None:
-            return refused
-        found = _present(resolved, engine.image(resolved.identity.image_tag))
-        return found or StepResult(f"image {resolved.identity.image_tag}", Verdict.SKIPPED, "not built here")
 
     def verify(self, req: VerifyRequest):
         return verify(req)
