@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from envport.commands._common import load_one, lock_gate, project_root
+from envport.targets.registry import get, hosted, names
 
-BUILD_TARGETS = ("docker", "apptainer", "venv", "conda")
+BUILD_TARGETS = names()
 
 
 def register(sub) -> None:
@@ -63,16 +62,18 @@ def _fast_present(args) -> int | None:
 
 
 def run(args) -> int:
-    if (args.check or args.install_system_pkgs) and args.target not in ("venv", "conda"):
+    target = get(args.target)
+    if (args.check or args.install_system_pkgs) and not target.hosts:
         from envport.core.errors import EnvportError
 
         flag = "--check" if args.check else "--install-system-pkgs"
-        raise EnvportError(f"{flag} is for --target venv or conda (a {args.target} build installs system "
-                           "packages inside the image and is present only when built)", exit_code=2)
-    if args.sign and args.target != "apptainer":
+        raise EnvportError(f"{flag} is for --target {' or '.join(hosted())} (a {args.target} build installs "
+                           "system packages inside the image and is present only when built)", exit_code=2)
+    if args.sign and not target.signs:
         from envport.core.errors import EnvportError
 
-        raise EnvportError(f"--sign is for --target apptainer (it signs the SIF); a {args.target} build has no "
+        signers = " or ".join(t for t in names() if get(t).signs)
+        raise EnvportError(f"--sign is for --target {signers} (it signs the SIF); a {args.target} build has no "
                            "SIF to sign", exit_code=2)
     fast = _fast_present(args)
     if fast is not None:
@@ -129,25 +130,9 @@ def _rememberable(args, loaded) -> bool:
 
 
 def _build(args, loaded, site, root, identity, progress):
-    if args.target == "docker":
-        from envport.builders.docker import builder as docker
-        from envport.builders.docker.present import remember
+    from envport.targets.base import BuildRequest
 
-        results = docker.build(loaded, site, root, rebuild=args.rebuild, no_cache=args.no_cache, progress=progress)
-        if results[-1].verdict.ok and _rememberable(args, loaded):
-            remember(root, loaded.spec.name, args.site, identity.hash, identity.image_tag)
-        return results
-    if args.target == "apptainer":
-        from envport.builders.apptainer import builder as apptainer
-        from envport.builders.present_cache import remember
-
-        results = apptainer.build(loaded, site, root, rebuild=args.rebuild, from_docker=args.from_docker,
-                                  progress=progress)
-        if results[-1].verdict.ok and _rememberable(args, loaded) and results[-1].data.get("sif"):
-            remember(root, loaded.spec.name, args.site, apptainer.TARGET, identity.hash,
-                     os.path.abspath(results[-1].data["sif"]))  # the path as the full path prints it
-        return results
-    from envport.builders import shell
-
-    return shell.build(loaded, site, root, flavour=args.target, host=args.host, rebuild=args.rebuild,
-                       check=args.check, install_system_pkgs=args.install_system_pkgs, progress=progress)
+    return get(args.target).build(BuildRequest(
+        loaded, site, root, identity, site_name=args.site, host=args.host, rebuild=args.rebuild,
+        no_cache=args.no_cache, check=args.check, install_system_pkgs=args.install_system_pkgs,
+        from_docker=args.from_docker, remember=_rememberable(args, loaded), progress=progress))

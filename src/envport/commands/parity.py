@@ -6,7 +6,9 @@ import json
 import sys
 import time
 
-TARGET_CHOICES = ("docker", "apptainer", "venv", "ssh", "conda")
+from envport.targets.registry import parity_rows
+
+TARGET_CHOICES = parity_rows()  # each target, then its SSH row (envport.targets.registry)
 
 
 def register(sub) -> None:
@@ -52,7 +54,7 @@ def run(args) -> int:
         raise EnvportError(f"--target {', '.join(bad)}: choose from {', '.join(TARGET_CHOICES)}")
     loaded = load_one(args, args.name)
     site = load_site(args.site, loaded.root)
-    identity = resolve(loaded, site, "docker").identity
+    identity = resolve(loaded, site, TARGET_CHOICES[0]).identity  # one (spec, site) is one hash on every target
     out = sys.stdout
     opts = parity.ParityOptions(targets=tuple(targets) or TARGET_CHOICES, hosts=args.host,
                                 local_envs_dir=args.envs_dir, ssh_envs_dir=args.ssh_envs_dir,

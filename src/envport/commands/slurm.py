@@ -6,7 +6,9 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
+
+from envport.targets.base import SLURM
+from envport.targets.registry import get, names
 
 
 def register(sub) -> None:
@@ -25,7 +27,7 @@ def register(sub) -> None:
                         "the profile's max_pending (it is then cancelled; Slurm's Reason is printed).")
     s.add_argument("name", metavar="NAME|PATH", help="spec name (specs/<name>.yaml) or path")
     s.add_argument("--cluster", required=True, help="cluster profile: slurm/clusters/<name>.yaml or a path")
-    s.add_argument("--target", choices=("venv", "docker", "apptainer"), required=True,
+    s.add_argument("--target", choices=names(SLURM), required=True,
                    help="venv: the env built on the nodes (envport build NAME --target venv); docker: the image; "
                    "apptainer: the SIF (apptainer exec where the profile's container_runtime is apptainer, "
                    "else ch-run on the SIF mounted with squashfuse)")
@@ -232,20 +234,15 @@ def _job(args, loaded, identity, profile, opts):
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **profile.env}
     if os.environ.get(FAULT_ENV):
         env[FAULT_ENV] = os.environ[FAULT_ENV]  # test-only fault switch, as `envport witness` passes it
-    image = prefix = sif = None
-    if args.target == "docker":
-        image = args.image or identity.image_tag
-    elif args.target == "apptainer":
-        from envport.builders.apptainer.builder import sif_path
-        from envport.plan.site import load_site
+    from envport.plan.site import load_site
+    from envport.targets.base import SlurmRequest
 
-        sif = str(Path(args.sif).resolve()) if args.sif else \
-            str(sif_path(load_site(args.site, loaded.root), loaded.root, identity))
-    else:
-        prefix = args.prefix or slurm.default_prefix(loaded.spec.name, profile)
+    where = {"image": None, "prefix": None, "sif": None}
+    where.update(get(args.target).slurm_wrap(SlurmRequest(loaded, load_site(args.site, loaded.root), identity, profile,
+                                                          image=args.image, sif=args.sif, prefix=args.prefix)))
     return slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
                          calls=_plan(loaded.spec, opts, profile).calls, job_dir=slurm.new_job_dir(profile, loaded.spec.name),
-                         env=env, image=image, prefix=prefix, sif=sif, nodes=args.nodes,
+                         env=env, **where, nodes=args.nodes,
                          ntasks_per_node=args.ntasks_per_node)
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from envport.commands._common import add_no_lock_arg, load_one, project_root, unlocked
+from envport.targets.base import VERIFY
+from envport.targets.registry import get, hosted, names
 
-VERIFY_TARGETS = ("docker", "venv", "apptainer")
+# Every target: one that cannot verify says why (REFUSED [unsupported]) rather than not being a choice.
+VERIFY_TARGETS = names()
 
 
 def register(sub) -> None:
@@ -27,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--sif", default=None, metavar="FILE",
                    help="apptainer: verify this SIF instead of <sif_dir>/<name>-<hash12>.sif (run with apptainer "
                    "exec where installed, else ch-run on the SIF mounted with squashfuse)")
-    p.add_argument("--host", default=None, help="venv: the env on this SSH host (site alias or destination), "
+    p.add_argument("--host", default=None, help=f"{'/'.join(hosted())}: the env on this SSH host (site alias or destination), "
                    "checked through testinfra ssh:// with the site's ssh_config (verify/backends.py)")
     add_no_lock_arg(p, "verify")
     p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
@@ -50,19 +53,17 @@ def run(args) -> int:
         return report([missing], args.json, command="verify")
     site = unlocked(load_site(args.site, root), args.no_lock)
     junit = Path(args.junit).resolve() if args.junit else None
-    if args.target == "apptainer":
-        from envport.verify.sif import verify as verify_sif
+    from envport.targets.base import Unsupported, VerifyRequest
 
-        result = verify_sif(loaded, site, root, sif=Path(args.sif).resolve() if args.sif else None, junit=junit,
-                            progress=stderr_progress)
-    elif args.target == "venv":
-        from envport.verify.backends import verify_env
-
-        result = verify_env(loaded, site, root, host=args.host, junit=junit, progress=stderr_progress)
-    else:
-        from envport.verify.docker import verify
-
-        result = verify(loaded, site, root, image=args.image, junit=junit, progress=stderr_progress)
+    target = get(args.target)
+    if not target.supports(VERIFY):
+        return report([target.refuse(VERIFY).result(f"verify {loaded.spec.name}")], args.json, command="verify")
+    try:
+        result = target.verify(VerifyRequest(loaded, site, root, host=args.host, image=args.image,
+                                             sif=Path(args.sif).resolve() if args.sif else None, junit=junit,
+                                             progress=stderr_progress))
+    except Unsupported as exc:
+        return report([exc.result(f"verify {loaded.spec.name}")], args.json, command="verify")
     ledger.record(root, loaded.spec, kind="verify", target=args.target, hash_=resolve(loaded, site, args.target).hash,
                   result=result, site=site)
     return report([result], args.json, command="verify")

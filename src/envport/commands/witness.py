@@ -6,12 +6,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from envport.commands._common import add_no_lock_arg
 from envport.core.verdict import StepResult
+from envport.targets.base import WITNESS, launcher_for
+from envport.targets.registry import get, names
 
-TARGETS = ("docker", "venv", "apptainer")
+# Every target: one without a witness launcher says why (REFUSED [unsupported]) rather than not being a choice.
+TARGETS = names()
 
 
 def register(sub) -> None:
@@ -49,13 +51,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def venv_python(name: str) -> Path:
-    """Where the shell target's venv flavour puts the env (setup-venv.sh honours ENVPORT_ENVS_DIR)."""
-    from envport.core.layout import env_prefix
-
-    return env_prefix(name) / "bin" / "python"
-
-
 def _table_row(r: StepResult) -> str:
     reason = f" [{r.reason}]" if r.reason else ""
     return f"{r.verdict.value:<8} {r.seconds:7.1f}s  {r.step:<28} {r.detail}{reason}"
@@ -77,7 +72,13 @@ def run(args) -> int:
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None, weights=True)
     site = unlocked(load_site(args.site, loaded.root), args.no_lock)
     identity = resolve(loaded, site, args.target).identity
-    launcher, facts = _launcher(args, loaded, identity, opts)
+    target = get(args.target)
+    if not target.supports(WITNESS):
+        from envport.core.verdict import report
+
+        return report([target.refuse(WITNESS).result(f"witness {spec.name}")], args.json, command="witness")
+    launcher, facts = launcher_for(target, loaded, site, identity, opts, host=args.host, python=args.python,
+                                   image=args.image, sif=args.sif)
 
     out = sys.stdout
     if not args.json:
@@ -112,50 +113,3 @@ def _print_step(r: StepResult, out) -> None:
     for ln in r.lines:
         print(f"    | {ln}", file=out)
     out.flush()
-
-
-def _launcher(args, loaded, identity, opts):
-    """The launcher for --target/--host, and the facts the ledger records about where it ran."""
-    from envport.builders import weights
-    from envport.witness.launchers.docker import DockerLauncher
-    from envport.witness.launchers.local import LocalLauncher, activated_env
-    from envport.witness.run import host_gpu_count, requires_gpu
-
-    spec = loaded.spec
-    if args.target == "venv" and args.host:
-        from envport.plan.site import load_site
-        from envport.witness.launchers.ssh import launcher_for_host
-
-        launcher = launcher_for_host(load_site(args.site, loaded.root), args.host, spec.name,
-                                     prefix=args.python and str(Path(args.python).parent.parent),
-                                     weight_env=weights.remote_env(spec))
-        return launcher, {"ssh_host": args.host}
-    if args.target == "venv":
-        python = Path(args.python).expanduser() if args.python else venv_python(spec.name)
-        # What activating the env would do (CLI checks run `python`, `tool --help`);
-        # an interpreter outside an envport env still gets the spec's env vars.
-        env = activated_env(python.parent.parent, os.environ)
-        if not (python.parent.parent / ".envport" / "env.sh").is_file():
-            env.update(spec.env)
-        # Each weight's variable points at its folder under the weights root, bound read-only where bwrap works.
-        env.update(weights.runtime_env(spec, weights.weights_root()))
-        launcher = LocalLauncher(python, base_env=env,
-                                 missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH",
-                                 read_only=[h for h, _ in weights.existing_mounts(spec, weights.weights_root())])
-        return launcher, {"prefix": str(python.parent.parent)}
-    gpus = requires_gpu(spec, opts) and host_gpu_count() > 0
-    if args.target == "apptainer":
-        from envport.builders.apptainer.builder import sif_path
-        from envport.plan.site import load_site
-        from envport.witness.launchers.sif import SifLauncher
-
-        sif = Path(args.sif) if args.sif else sif_path(load_site(args.site, loaded.root), loaded.root, identity)
-        launcher = SifLauncher(sif, python=args.python or "python3", gpus=gpus,
-                               mounts=weights.existing_mounts(spec, weights.weights_root()),
-                               missing_fix=f"envport build {spec.name} --target apptainer, or pass --sif FILE")
-        return launcher, {"sif": str(sif)}
-    image = args.image or identity.image_tag
-    launcher = DockerLauncher(image, python=args.python or "python3", gpus=gpus,
-                              missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG",
-                              mounts=weights.existing_mounts(spec, weights.weights_root()))
-    return launcher, {"image": image}

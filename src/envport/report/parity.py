@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import shutil
 import socket
 import time
 from contextlib import contextmanager
@@ -42,6 +40,8 @@ from envport.spec.model import canonical_name
 from envport.engines.ssh import resolve_host, ssh_argv
 from envport.core.progress import Progress, quiet
 from envport.core.verdict import StepResult, Verdict
+from envport.targets.base import BuildRequest, Target
+from envport.targets.registry import parity_rows, row_target, ssh_rows
 
 # Installer and envport packages: they differ by how the env was made, not by what the spec asks.
 EXCLUDED_PACKAGES = frozenset({"pip", "setuptools", "wheel", "distribute", "pkg-resources", "envport"})
@@ -168,43 +168,6 @@ def _parse_probe(target: str, rc: Optional[int], out: str, facts: TargetFacts) -
     return None
 
 
-def activate_and_probe(prefix_sh: str) -> str:
-    """Bash that activates a venv the way a user does (bin/activate sources .envport/env.sh) and probes."""
-    return (f"P={prefix_sh}; . \"$P/bin/activate\" && exec python - \"$@\"")
-
-
-def probe_docker(image: str, names: list[str], docker: str = "docker") -> tuple[Optional[int], str]:
-    return _probe([docker, "run", "--rm", "-i", "--network", "none", image, "python3", "-", *names], stdin=PROBE)
-
-
-def probe_local(prefix: str, names: list[str]) -> tuple[Optional[int], str]:
-    # A clean environment like a fresh login: the caller's VIRTUAL_ENV or PYTHONPATH must not leak in.
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
-    return _probe(["bash", "-c", activate_and_probe(shlex.quote(prefix)), "envport-parity", *names],
-                stdin=PROBE, env=env)
-
-
-def probe_ssh(host, prefix: str, names: list[str]) -> tuple[Optional[int], str]:
-
-    script = activate_and_probe(shlex.quote(prefix))
-    remote = f"bash -c {shlex.quote(script)} envport-parity {' '.join(shlex.quote(n) for n in names)}"
-    return _probe(ssh_argv(host) + [remote], stdin=PROBE)
-
-
-def probe_sif(sif: str, names: list[str]) -> tuple[Optional[int], str]:
-    """The probe inside a SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""
-    from envport.engines import sif_run
-
-    if sif_run.runtime() == "apptainer":
-        return _probe(sif_run.apptainer_argv(sif, ["python3", "-", *names]), stdin=PROBE)
-    missing = sif_run.missing_tools("ch-run")
-    if missing:
-        return None, f"{', '.join(missing)} not found: the SIF is probed with ch-run where apptainer is absent"
-    with sif_run.mounted(Path(sif)) as mnt:
-        return _probe(sif_run.ch_run_argv(str(mnt), ["python3", "-", *names]), stdin=PROBE,
-                      env=sif_run.ch_run_env())
-
-
 def same_machine(host) -> bool:
     """True when the SSH host is this machine (same machine-id and hostname), e.g. the test sshd."""
 
@@ -224,7 +187,7 @@ def same_machine(host) -> bool:
 
 @dataclass
 class ParityOptions:
-    targets: tuple[str, ...] = ("docker", "apptainer", "venv", "ssh", "conda")
+    targets: tuple[str, ...] = field(default_factory=parity_rows)
     hosts: Optional[list[str]] = None  # SSH site hosts; None: every host of the site profile
     local_envs_dir: Optional[str] = None  # None: $ENVPORT_ENVS_DIR or ~/.envport/envs
     ssh_envs_dir: Optional[str] = None  # None: $ENVPORT_SSH_ENVS_DIR, else a separate dir when the host is here
@@ -248,7 +211,8 @@ def run_parity(loaded: Loaded, site, opts: ParityOptions, progress: Progress = q
     """Build (or find present) and probe every target; one TargetFacts each, in order."""
     out: list[TargetFacts] = []
     for target in opts.targets:
-        for f in TARGET_RUNNERS[target](loaded, site, opts, progress):
+        runner = _ssh_targets if target in ssh_rows() else _local_target
+        for f in runner(row_target(target), loaded, site, opts, progress):
             out.append(f)
             if opts.on_target:
                 opts.on_target(f)
@@ -267,86 +231,44 @@ def _probed(f: TargetFacts, label: str, results: list[StepResult], probe) -> Tar
     return f
 
 
-def _docker_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    from envport.builders.docker import builder as docker_builder
-
-    f, t0 = TargetFacts("docker"), time.monotonic()
-    progress("parity: docker: building (or finding present)")
-    results = docker_builder.build(loaded, site, loaded.root, rebuild=opts.rebuild, progress=progress)
-    _probed(f, "docker", results, lambda where: probe_docker(where, env_names(loaded)))
-    f.seconds = time.monotonic() - t0
-    return [f]
+def _run_probe(argv: list[str], env: Optional[dict] = None) -> tuple[Optional[int], str]:
+    return _probe(argv, stdin=PROBE, env=env)
 
 
-def _venv(loaded: Loaded, site, opts: ParityOptions, progress: Progress, label: str, host: Optional[str],
-          dir_: Optional[str]) -> TargetFacts:
-    from envport.builders import shell
-
+def _built(target: Target, loaded: Loaded, site, opts: ParityOptions, progress: Progress, label: str,
+           host: Optional[str], dir_: Optional[str]) -> TargetFacts:
+    """TARGET built (or found present) here or on HOST, then probed where the env lives."""
     f, t0 = TargetFacts(label), time.monotonic()
     progress(f"parity: {label}: building (or finding present)" + (f" in {dir_}" if dir_ else ""))
     with envs_dir(dir_):
-        results = shell.build(loaded, site, loaded.root, flavour="venv", host=host, rebuild=opts.rebuild,
-                              progress=progress)
+        results = target.build(BuildRequest(loaded, site, loaded.root, host=host, rebuild=opts.rebuild,
+                                             progress=progress))
     names = env_names(loaded)
-    if host is None:
-        _probed(f, label, results, lambda where: probe_local(where, names))
-    else:
-        _probed(f, label, results, lambda where: probe_ssh(resolve_host(site, host), where, names))
+    _probed(f, label, results, lambda where: target.probe(_run_probe, where, names, site=site, host=host))
     f.seconds = time.monotonic() - t0
     return f
 
 
-def _venv_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    return [_venv(loaded, site, opts, progress, "venv", None, opts.local_envs_dir or os.environ.get("ENVPORT_ENVS_DIR"))]
+def _local_target(target: Target, loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+    skipped = target.parity_unavailable()
+    if skipped:
+        return [TargetFacts(target.name, skipped=skipped)]
+    dir_ = (opts.local_envs_dir or os.environ.get("ENVPORT_ENVS_DIR")) if target.hosts else None
+    return [_built(target, loaded, site, opts, progress, target.name, None, dir_)]
 
 
-def _ssh_targets(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
+def _ssh_targets(target: Target, loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
     hosts = opts.hosts if opts.hosts is not None else sorted(site.hosts)
     if not hosts:
-        return [TargetFacts("venv@ssh", skipped="no_ssh_host: the site profile names no hosts; pass --host")]
+        return [TargetFacts(f"{target.name}@ssh", skipped="no_ssh_host: the site profile names no hosts; pass --host")]
     out = []
     for h in hosts:
         dir_ = opts.ssh_envs_dir or os.environ.get("ENVPORT_SSH_ENVS_DIR")
         if not dir_ and same_machine(resolve_host(site, h)):
             # Same machine: a separate folder, or the "remote" build would find the local one present.
             dir_ = SAME_MACHINE_SSH_ENVS_DIR
-        out.append(_venv(loaded, site, opts, progress, f"venv@{h}", h, dir_))
+        out.append(_built(target, loaded, site, opts, progress, f"{target.name}@{h}", h, dir_))
     return out
-
-
-def _conda_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    from envport.builders import shell
-
-    if not any(shutil.which(c) for c in ("micromamba", "mamba", "conda")):
-        return [TargetFacts("conda", skipped="no_conda: no micromamba, mamba or conda on PATH")]
-    f, t0 = TargetFacts("conda"), time.monotonic()
-    results = shell.build(loaded, site, loaded.root, flavour="conda", rebuild=opts.rebuild, progress=progress)
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-
-    def probe(where: str):
-        script = (f"P={shlex.quote(where)}; [ -f \"$P/.envport/env.sh\" ] && . \"$P/.envport/env.sh\"; "
-                  "exec \"$P/bin/python\" - \"$@\"")
-        return _probe(["bash", "-c", script, "envport-parity", *env_names(loaded)], stdin=PROBE, env=env)
-
-    _probed(f, "conda", results, probe)
-    f.seconds = time.monotonic() - t0
-    return [f]
-
-
-def _apptainer_target(loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    """The SIF built from the .def (envport's builder where apptainer is absent), not from the docker image."""
-    from envport.builders.apptainer import builder as sif_builder
-
-    f, t0 = TargetFacts("apptainer"), time.monotonic()
-    progress("parity: apptainer: building the SIF from the .def (or finding it present)")
-    results = sif_builder.build(loaded, site, loaded.root, rebuild=opts.rebuild, progress=progress)
-    _probed(f, "apptainer", results, lambda where: probe_sif(where, env_names(loaded)))
-    f.seconds = time.monotonic() - t0
-    return [f]
-
-
-# Each target's runner: build (or find present), then probe; the order of `--target` is kept.
-TARGET_RUNNERS = {"docker": _docker_target, "apptainer": _apptainer_target, "venv": _venv_target, "ssh": _ssh_targets, "conda": _conda_target}
 
 
 def compared(facts: list[TargetFacts]) -> list[TargetFacts]:

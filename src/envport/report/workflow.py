@@ -31,15 +31,17 @@ def gpu_runner(gpus: int) -> list[str]:
 def rows(loaded_specs: list, site) -> list[dict]:
     """One strategy-matrix row per pair, in spec-name then target order."""
     from envport.report.matrix import TARGETS, base_of, pairs
+    from envport.targets.registry import row_target
 
     by_name = {ld.spec.name: ld for ld in loaded_specs}
     out = []
     for p in pairs(sorted(by_name), site, TARGETS):
         loaded = by_name[p.env]
         gpus = loaded.spec.resources.gpus
-        up_target = "venv" if p.target == "ssh" else p.target
-        local_base = p.target in ("docker", "apptainer") and base_of(loaded, site, up_target).image.startswith(
-            "envport/")
+        target = row_target(p.target)
+        up_target = target.name
+        # A container target builds FROM the base image; a host target (venv, conda) runs on the runner itself.
+        local_base = not target.hosts and base_of(loaded, site, up_target).image.startswith("envport/")
         out.append({"pair": p.key, "env": p.env, "target": up_target, "host": p.host or "",
                     "local-base": local_base, "runner": gpu_runner(gpus) if gpus > 0 else [CPU_RUNNER]})
     return out

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from envport.targets import needs
-from envport.targets.base import PRESENT, SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+from envport.targets.base import PRESENT, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
 
 
 class Apptainer(Target):
@@ -18,7 +18,6 @@ class Apptainer(Target):
                "envport's own .def builder; run with apptainer exec, else ch-run")
     unsupported = {
         PRESENT: "an apptainer build checks the SIF's recorded hash itself and reports present",
-        SLURM: "witness/slurm_job.py wraps SIF tasks itself (the Slurm profile's container_runtime)",
     }
 
     def runtime_findings(self, ctx) -> list:
@@ -89,6 +88,12 @@ class Apptainer(Target):
                                mounts=weights.existing_mounts(spec, weights.weights_root()),
                                missing_fix=f"envport build {spec.name} --target apptainer, or pass --sif FILE")
         return launcher, {"sif": str(sif)}
+
+    def slurm_wrap(self, req):
+        from envport.builders.apptainer.builder import sif_path
+
+        return {"sif": str(Path(req.sif).resolve()) if req.sif else str(sif_path(req.site, req.loaded.root,
+                                                                                  req.identity))}
 
     def probe(self, run, where, names, site=None, host=None):
         """Inside the SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""

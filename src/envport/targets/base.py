@@ -56,7 +56,7 @@ class BuildRequest:
     loaded: Any  # spec.loader.Loaded
     site: Any  # plan.site.Site, after the lock gate
     root: Path
-    identity: Any  # recipe.identity.Identity
+    identity: Any = None  # recipe.identity.Identity; needed only to remember the build (remember=True)
     site_name: Optional[str] = None  # as the user named it (--site): the fast path remembers it
     host: Optional[str] = None
     rebuild: bool = False
@@ -69,9 +69,13 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
-class VerifyRequest:
-    loaded: Any
-    site: Any
+class EnvOnSite:
+    loaded: Any  # spec.loader.Loaded
+    site: Any  # plan.site.Site
+
+
+@dataclass(frozen=True)
+class VerifyRequest(EnvOnSite):
     root: Path
     host: Optional[str] = None
     image: Optional[str] = None
@@ -81,9 +85,7 @@ class VerifyRequest:
 
 
 @dataclass(frozen=True)
-class WitnessRequest:
-    loaded: Any
-    site: Any
+class WitnessRequest(EnvOnSite):
     identity: Any
     gpus: bool = False  # the witnesses get the host's GPUs
     host: Optional[str] = None
@@ -100,6 +102,17 @@ class NeedsRequest:
     probes: Any  # targets.needs.Probes: host facts asked once per judge run
     host: Optional[str] = None
     gpu_inventory: Optional[Callable[[], dict]] = None
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    loaded: Any
+    site: Any
+    identity: Any
+    profile: Any  # witness.slurm_job's cluster profile
+    image: Optional[str] = None
+    sif: Optional[str] = None
+    prefix: Optional[str] = None
 
 
 # probe(run, where, names): `run(argv, env=None) -> (rc, text)` runs parity's probe script on stdin.
@@ -157,6 +170,14 @@ class Target(ABC):
         """Parity's probe (freeze, python, env) inside the built env WHERE (an image, a SIF, a prefix)."""
         raise self.refuse(PROBE)
 
-    def slurm_wrap(self, job: Any) -> Any:
-        """The launcher a Slurm task runs the witnesses through (witness/slurm_job.py builds it today)."""
+    def slurm_wrap(self, req: SlurmRequest) -> dict:
+        """Where a Slurm task finds the env: witness/slurm_job.JobSpec's image, sif or prefix field."""
         raise self.refuse(SLURM)
+
+
+def launcher_for(target: Target, loaded, site, identity, opts, **where) -> tuple[Any, dict]:
+    """TARGET's witness launcher (the host's GPUs where the spec asks for them and it has some) and its facts."""
+    from envport.witness.run import host_gpu_count, requires_gpu
+
+    gpus = requires_gpu(loaded.spec, opts) and host_gpu_count() > 0
+    return target.launcher(WitnessRequest(loaded, site, identity, gpus=gpus, **where))

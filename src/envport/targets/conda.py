@@ -18,7 +18,7 @@ class Conda(HostTarget):
     unsupported = {
         WITNESS: "envport has no witness launcher for a conda env yet (verify checks its contents; "
                  "the witnesses run in docker, venv and apptainer envs)",
-        SLURM: "witness/slurm_job.py has no conda task wrapper",
+        SLURM: "witness/slurm_job.py has no conda task wrapper yet (the job activates a venv or runs a container)",
     }
 
     def runtime_what(self, spec) -> str:

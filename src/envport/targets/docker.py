@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 from envport.targets import needs
-from envport.targets.base import PRESENT, SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+from envport.targets.base import PRESENT, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
 
 
 class Docker(Target):
@@ -15,7 +15,6 @@ class Docker(Target):
     summary = "image envport/<name>:<hash12> built by the local docker engine from images/<name>/Dockerfile"
     unsupported = {
         PRESENT: "a docker build checks the image's envport.hash label itself and reports present",
-        SLURM: "witness/slurm_job.py wraps docker tasks itself (the Slurm profile's container_runtime)",
     }
 
     def runtime_findings(self, ctx) -> list:
@@ -61,6 +60,9 @@ class Docker(Target):
                                   missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG",
                                   mounts=weights.existing_mounts(spec, weights.weights_root()))
         return launcher, {"image": image}
+
+    def slurm_wrap(self, req):
+        return {"image": req.image or req.identity.image_tag}
 
     def probe(self, run, where, names, site=None, host=None):
         return run(["docker", "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])

@@ -56,3 +56,13 @@ def parity_rows() -> tuple[str, ...]:
 def row_target(row: str) -> Target:
     """The target behind a matrix/parity row ('ssh' is venv on a host)."""
     return ssh_rows().get(row) or get(row)
+
+
+def docs_table() -> str:
+    """docs/cli.md's target table, from the targets themselves (a test keeps the doc in step)."""
+    rows = ["| target | recipe | what it builds | --host | cannot (why) |", "|---|---|---|---|---|"]
+    for t in every():
+        cannot = "; ".join(f"{op}: {why}" for op, why in sorted(t.unsupported.items())) or "—"
+        ssh = f"yes (matrix/parity row `{t.ssh_row}`)" if t.ssh_row else "yes" if t.hosts else "no"
+        rows.append(f"| `{t.name}` | {t.recipe} | {t.summary} | {ssh} | {cannot} |")
+    return "\n".join(rows) + "\n"

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from envport.targets.base import SLURM, WitnessRequest
+from envport.targets.base import WitnessRequest
 from envport.targets.host import HostTarget
 
 
@@ -15,7 +15,6 @@ class Venv(HostTarget):
     summary = ("a venv under ~/.envport/envs/<name> (or $ENVPORT_ENVS_DIR) from images/<name>/setup-venv.sh, "
                "here or on an SSH host (--host)")
     ssh_row = "ssh"
-    unsupported = {SLURM: "witness/slurm_job.py wraps venv tasks itself (the Slurm profile's activation)"}
 
     def runtime_what(self, spec) -> str:
         return f"python{spec.python}"
@@ -40,6 +39,11 @@ class Venv(HostTarget):
 
         bin_dir = env_prefix(name) / "bin"
         return bin_dir if host is None and (bin_dir / "python").exists() else None
+
+    def slurm_wrap(self, req):
+        from envport.witness import slurm_job
+
+        return {"prefix": req.prefix or slurm_job.default_prefix(req.loaded.spec.name, req.profile)}
 
     def launcher(self, req: WitnessRequest):
         from envport.builders import weights

@@ -109,11 +109,10 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
 
 
 def _cleanup(inv: Invocation) -> None:
+    from envport.core.proc import run
+
     for argv in inv.cleanup:
-        try:
-            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        run(argv, timeout=30)  # best effort: a cleanup that cannot run must not hide the witness verdict
 
 
 def run_with_deadline(inv: Invocation, deadline_s: float,

@@ -66,10 +66,11 @@ def read_only_argv(dirs: Sequence[str], argv: Sequence[str], bwrap: str = "bwrap
 def _bwrap_problem(bwrap: Optional[str]) -> Optional[str]:
     if bwrap is None:
         return f"no bwrap on this host ({BWRAP_FIX})"
-    try:
-        ran = subprocess.run([bwrap, "--dev-bind", "/", "/", "true"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{bwrap} did not run: {exc}"
+    from envport.core.proc import run
+
+    ran = run([bwrap, "--dev-bind", "/", "/", "true"], timeout=30)
+    if ran.returncode is None:
+        return f"{bwrap} did not run: {ran.why}"
     if ran.returncode != 0:
         said = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
         return f"{bwrap} does not work on this host: {said} (unprivileged user namespaces off?)"

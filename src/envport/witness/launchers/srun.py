@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import uuid
 from typing import Mapping, Optional, Sequence
 
@@ -86,9 +85,10 @@ def venv_prelude(prefix: str) -> list[str]:
 def node_cpus(partition: Optional[str] = None, timeout: float = 15) -> Optional[int]:
     """The most CPUs one node of the partition has (sinfo), or None when Slurm does not say."""
     argv = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
+    from envport.core.proc import run
+
+    out = run(argv, timeout=timeout)
+    if out.returncode is None:
         return None
     nums = [int(x) for x in out.stdout.split() if x.strip().rstrip("+").isdigit()]
     return max(nums) if nums else None
