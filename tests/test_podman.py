@@ -36,37 +36,22 @@ USER_PYTHON = "/usr/bin/python3"
 USER_DEPS = ("pydantic>=2.6", "PyYAML>=6", "Jinja2>=3.1", "packaging>=23", "cryptography>=41", "tree-sitter>=0.23",
              "tree-sitter-bash>=0.23", "docker>=7", "pytest-testinfra>=10", "pytest>=8", "dockerfile-parse>=2")
 
-# Runs as the test user: one operation of the podman target, its StepResults as JSON on stdout.
-DRIVER = textwrap.dedent("""
+# Runs as the test user: parity's probe through the podman target, as `envport parity` runs it.
+PROBE_DRIVER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
+    from envport.report import parity
     from envport.spec.loader import load_spec
     from envport.targets import registry
-    from envport.targets.base import BuildRequest, VerifyRequest, WitnessRequest
 
-    op, name = sys.argv[1], sys.argv[2]
-    root = Path.cwd()
-    loaded, site = load_spec(name, root), load_site("local", root)
+    loaded, site = load_spec(sys.argv[1], Path.cwd()), load_site("local", Path.cwd())
     target = registry.get("podman")
-    identity = resolve(loaded, site, target.recipe).identity
-    say = lambda line: print(line, file=sys.stderr)
-    if op == "build":
-        results = target.build(BuildRequest(loaded, site, root, identity, progress=say))
-    elif op == "verify":
-        results = [target.verify(VerifyRequest(loaded, site, root, progress=say))]
-    elif op == "witness":
-        from envport.witness.run import run_witnesses
-        launcher, _ = target.launcher(WitnessRequest(loaded, site, identity))
-        results = run_witnesses(loaded.spec, launcher)
-    elif op == "probe":
-        from envport.report import parity
-        rc, text = target.probe(lambda argv, env=None: parity._probe(argv, stdin=parity.PROBE),
-                                identity.image_tag, parity.env_names(loaded))
-        print(json.dumps({"rc": rc, "text": text}))
-        sys.exit(0)
-    print(json.dumps([r.to_dict() for r in results]))
+    tag = resolve(loaded, site, target.recipe).identity.image_tag
+    rc, text = target.probe(lambda argv, env=None: parity._probe(argv, stdin=parity.PROBE), tag,
+                            parity.env_names(loaded))
+    print(json.dumps({"rc": rc, "text": text}))
 """)
 
 
@@ -87,10 +72,12 @@ def as_user(name: str, *argv: str, cwd: Path, timeout: float = 900) -> subproces
                           timeout=timeout)
 
 
-def drive(name: str, op: str, env: str, project: Path, timeout: float = 900):
-    proc = as_user(name, "python", "-c", DRIVER, op, env, cwd=project, timeout=timeout)
-    assert proc.returncode == 0, f"{op} as {name} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+def envport(name: str, *args: str, project: Path, timeout: float = 900, exit_code: int = 0):
+    """`envport ARGS --json` as the user NAME in PROJECT: (its steps, its stderr)."""
+    proc = as_user(name, "envport", *args, "--json", cwd=project, timeout=timeout)
+    assert proc.returncode == exit_code, (f"envport {' '.join(args)} as {name} exited {proc.returncode}\n"
+                                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)["steps"], proc.stderr
 
 
 @pytest.fixture(scope="session")
@@ -126,7 +113,7 @@ def tiny(user_venv):
                                                   "expect": "1\\.16\\.0"}]})
     subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project.parent)], check=True)
     try:
-        results, stderr = drive(USER, "build", name, project)
+        results, stderr = envport(USER, "build", name, "--target", "podman", project=project)
         yield project, name, results, stderr
     finally:
         tags = [r["data"]["image"] for r in results if r["data"].get("image")] if "results" in locals() else []
@@ -146,13 +133,13 @@ def test_build_rootless_then_present(tiny):
     assert labels.returncode == 0, labels.stderr
     assert json.loads(labels.stdout)["envport.hash"].startswith(tag.split(":")[1])
     assert subprocess.run(["podman", "image", "exists", tag], capture_output=True).returncode != 0
-    again, _ = drive(USER, "build", name, project)
+    again, _ = envport(USER, "build", name, "--target", "podman", project=project)
     assert [(r["step"], r["verdict"]) for r in again] == [(f"image {tag}", "present")], again
 
 
 def test_verify_through_testinfra_podman_backend(tiny):
     project, name, _, _ = tiny
-    (result,), stderr = drive(USER, "verify", name, project)
+    (result,), stderr = envport(USER, "verify", name, "--target", "podman", project=project)
     assert result["verdict"] == "OK", result
     ids = {c["id"] for c in result["data"]["checks"]}
     assert {"pip[six==1.16.0]", "env[TINY_GREETING]", "label[envport.hash]"} <= ids, ids
@@ -163,7 +150,7 @@ def test_verify_through_testinfra_podman_backend(tiny):
 
 def test_witnesses_by_podman_run(tiny):
     project, name, _, _ = tiny
-    results, _ = drive(USER, "witness", name, project)
+    results, _ = envport(USER, "witness", name, "--target", "podman", project=project)
     assert results and all(r["verdict"] == "OK" for r in results), results
     assert {r["step"].split()[0] for r in results} >= {"import", "cli"}, results
 
@@ -178,11 +165,25 @@ def test_parity_probe_reads_the_same_freeze_as_docker(tiny, docker_client, base_
     root_project = _root_copy(project)
     run_envport("build", name, "--target", "docker", "--site", "local", root=root_project, check=True)
     tag = results[-1]["data"]["image"]
-    rc, docker_text = parity.probe_docker(tag, parity.env_names(_loaded(root_project, name)))
+    from envport.targets import registry
+
+    rc, docker_text = registry.get("docker").probe(lambda argv, env=None: parity._probe(argv, stdin=parity.PROBE),
+                                                   tag, parity.env_names(_loaded(root_project, name)))
     assert rc == 0, docker_text
-    podman_out, _ = drive(USER, "probe", name, project)
+    proc = as_user(USER, "python", "-c", PROBE_DRIVER, name, cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    podman_out = json.loads(proc.stdout)
     assert podman_out["rc"] == 0, podman_out
     assert podman_out["text"] == docker_text
+
+
+def test_parity_cli_podman_against_a_venv(tiny):
+    """`envport parity NAME --target podman,venv` as the test user: both built (or present), probed, equal."""
+    project, name, _, _ = tiny
+    proc = as_user(USER, "envport", "parity", name, "--target", "podman,venv", "--no-ledger", cwd=project,
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"OK parity {name}: 2 targets agree (podman, venv)" in proc.stdout, proc.stdout
 
 
 def _root_copy(project: Path) -> Path:
@@ -215,7 +216,8 @@ def demo_podman(user_venv, tmp_path_factory):
     shutil.copytree(staging / ".cache" / "wheelhouse", project / ".cache" / "wheelhouse")
     subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project.parent)], check=True)
     try:
-        results, _ = drive(USER, "build", "demo-cpu", project, timeout=1800)
+        envport(USER, "weights", "fetch", "demo-cpu", project=project, timeout=300)  # the spec's own source
+        results, _ = envport(USER, "build", "demo-cpu", "--target", "podman", project=project, timeout=1800)
         assert results[-1]["verdict"] in ("OK", "present"), results
         yield project
     finally:
@@ -223,7 +225,7 @@ def demo_podman(user_venv, tmp_path_factory):
 
 
 def test_demo_witnesses_with_collectives_at_world_2_by_podman_run(demo_podman):
-    results, _ = drive(USER, "witness", "demo-cpu", demo_podman, timeout=1200)
+    results, _ = envport(USER, "witness", "demo-cpu", "--target", "podman", project=demo_podman, timeout=1200)
     failed = [r for r in results if r["verdict"] != "OK"]
     assert results and not failed, failed
     steps = {r["step"]: r for r in results}
@@ -253,7 +255,8 @@ def test_single_uid_mode_is_refused_with_the_fix(user_venv, tmp_path):
         copy_project(project)
         write_spec(project, "tinypm")
         subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(project.parent)], check=True)
-        (result,), _ = drive(SINGLE_UID_USER, "build", "tinypm", project, timeout=300)
+        (result,), _ = envport(SINGLE_UID_USER, "build", "tinypm", "--target", "podman", project=project,
+                               timeout=300, exit_code=3)
         matrix = as_user(SINGLE_UID_USER, "envport", "matrix", "--env", "tinypm", "--target", "podman", "--json",
                          cwd=project, timeout=300)
     finally:
