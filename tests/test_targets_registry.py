@@ -59,7 +59,8 @@ BACKENDS = {
 }
 ORCHESTRATION = ("envport.commands.build", "envport.commands.up", "envport.commands.verify",
                  "envport.commands.witness", "envport.commands.parity", "envport.commands.matrix",
-                 "envport.report.matrix", "envport.report.parity", "envport.report.workflow", "envport.flow.up")
+                 "envport.report.matrix", "envport.report.parity", "envport.report.workflow", "envport.flow.up",
+                 "envport.flow.parity")
 
 
 def _names_in(node) -> set[str]:

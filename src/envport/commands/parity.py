@@ -46,6 +46,7 @@ def run(args) -> int:
     from envport.core.verdict import exit_code
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
+    from envport.flow import parity as flow
     from envport.report import parity
 
     targets = [t.strip() for item in args.target for t in item.split(",") if t.strip()]
@@ -56,13 +57,13 @@ def run(args) -> int:
     site = load_site(args.site, loaded.root)
     identity = resolve(loaded, site, TARGET_CHOICES[0]).identity  # one (spec, site) is one hash on every target
     out = sys.stdout
-    opts = parity.ParityOptions(targets=tuple(targets) or TARGET_CHOICES, hosts=args.host,
+    opts = flow.ParityOptions(targets=tuple(targets) or TARGET_CHOICES, hosts=args.host,
                                 local_envs_dir=args.envs_dir, ssh_envs_dir=args.ssh_envs_dir,
                                 rebuild=args.rebuild, on_target=None if args.json else lambda f: _print_target(f, out))
     if not args.json:
         print(f"envport parity {identity.ref}", file=out)
     t0 = time.monotonic()
-    facts = parity.run_parity(loaded, site, opts, progress=stderr_progress)
+    facts = flow.run_parity(loaded, site, opts, progress=stderr_progress)
     diffs = parity.differences(loaded, facts)
     result = parity.judge(loaded, facts, diffs, time.monotonic() - t0)
     if not args.no_ledger:

@@ -1,5 +1,8 @@
 """Cross-backend parity: the same spec built on every target this host can run, then compared.
 
+envport.flow.parity builds and probes each target (through envport.targets);
+this module holds the probe, the facts and their comparison.
+
 For each target (docker image, the SIF built from the .def, venv here, venv on
 each SSH site host, conda where a conda is on PATH) the env is built, or found `present`, and probed
 from inside, the way a user would use it (`docker run IMAGE`, `. bin/activate`):
@@ -26,22 +29,16 @@ env that the build runs (issue 21, F2).
 from __future__ import annotations
 
 import json
-import os
 import socket
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from envport.core.proc import run
 from envport.spec.loader import Loaded
 from envport.spec.model import canonical_name
-from envport.engines.ssh import resolve_host, ssh_argv
-from envport.core.progress import Progress, quiet
+from envport.engines.ssh import ssh_argv
 from envport.core.verdict import StepResult, Verdict
-from envport.targets.base import BuildRequest, Target
-from envport.targets.registry import parity_rows, row_target, ssh_rows
 
 # Installer and envport packages: they differ by how the env was made, not by what the spec asks.
 EXCLUDED_PACKAGES = frozenset({"pip", "setuptools", "wheel", "distribute", "pkg-resources", "envport"})
@@ -131,30 +128,13 @@ class Difference:
 # --- building -------------------------------------------------------------------
 
 
-@contextmanager
-def envs_dir(path: Optional[str]):
-    """ENVPORT_ENVS_DIR for the duration (the shell builder forwards it, over SSH too)."""
-    old = os.environ.get("ENVPORT_ENVS_DIR")
-    if path:
-        os.environ["ENVPORT_ENVS_DIR"] = path
-    else:
-        os.environ.pop("ENVPORT_ENVS_DIR", None)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ENVPORT_ENVS_DIR", None)
-        else:
-            os.environ["ENVPORT_ENVS_DIR"] = old
-
-
-def _probe(argv: list[str], stdin: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S,
+def run_probe(argv: list[str], stdin: Optional[str] = None, timeout: float = PROBE_TIMEOUT_S,
            env: Optional[dict] = None) -> tuple[Optional[int], str]:
     ran = run(argv, stdin=stdin, timeout=timeout, env=env)
     return ran.returncode, ran.text
 
 
-def _parse_probe(target: str, rc: Optional[int], out: str, facts: TargetFacts) -> Optional[str]:
+def parse_probe(target: str, rc: Optional[int], out: str, facts: TargetFacts) -> Optional[str]:
     line = next((ln for ln in out.splitlines() if ln.startswith("ENVPORT-PARITY ")), None)
     if line is None:
         tail = " | ".join(out.strip().splitlines()[-3:])
@@ -171,7 +151,7 @@ def _parse_probe(target: str, rc: Optional[int], out: str, facts: TargetFacts) -
 def same_machine(host) -> bool:
     """True when the SSH host is this machine (same machine-id and hostname), e.g. the test sshd."""
 
-    rc, out = _probe(ssh_argv(host) + ["cat /etc/machine-id 2>/dev/null; hostname"], timeout=15)
+    rc, out = run_probe(ssh_argv(host) + ["cat /etc/machine-id 2>/dev/null; hostname"], timeout=15)
     if rc != 0:
         return False
     try:
@@ -180,95 +160,6 @@ def same_machine(host) -> bool:
         local_id = ""
     lines = out.strip().splitlines()
     return lines[-1:] == [socket.gethostname()] and (not local_id or local_id in lines)
-
-
-# --- the run --------------------------------------------------------------------
-
-
-@dataclass
-class ParityOptions:
-    targets: tuple[str, ...] = field(default_factory=parity_rows)
-    hosts: Optional[list[str]] = None  # SSH site hosts; None: every host of the site profile
-    local_envs_dir: Optional[str] = None  # None: $ENVPORT_ENVS_DIR or ~/.envport/envs
-    ssh_envs_dir: Optional[str] = None  # None: $ENVPORT_SSH_ENVS_DIR, else a separate dir when the host is here
-    rebuild: bool = False
-    on_target: Optional[Callable[[TargetFacts], None]] = None
-
-
-
-def _skip_or_fail(facts: TargetFacts, results: list[StepResult]) -> bool:
-    """True when the build went through; else mark the target skipped (REFUSED) or failed."""
-    last = results[-1]
-    facts.build = last
-    if last.verdict.ok:
-        return True
-    if last.verdict is Verdict.REFUSED:
-        facts.skipped = f"{last.reason or 'refused'}: {last.detail}"
-    return False
-
-
-def run_parity(loaded: Loaded, site, opts: ParityOptions, progress: Progress = quiet) -> list[TargetFacts]:
-    """Build (or find present) and probe every target; one TargetFacts each, in order."""
-    out: list[TargetFacts] = []
-    for target in opts.targets:
-        runner = _ssh_targets if target in ssh_rows() else _local_target
-        for f in runner(row_target(target), loaded, site, opts, progress):
-            out.append(f)
-            if opts.on_target:
-                opts.on_target(f)
-    return out
-
-
-def _probed(f: TargetFacts, label: str, results: list[StepResult], probe) -> TargetFacts:
-    """Record the build; when it went through, probe the env where it lives (`probe(where)` -> (rc, text))."""
-    if _skip_or_fail(f, results):
-        data = results[-1].data
-        f.where = data.get("image") or data.get("sif") or data.get("prefix") or ""
-        rc, text = probe(f.where)
-        problem = _parse_probe(label, rc, text, f)
-        if problem:
-            f.build = StepResult(f"probe {label}", Verdict.FAILED, problem)
-    return f
-
-
-def _run_probe(argv: list[str], env: Optional[dict] = None) -> tuple[Optional[int], str]:
-    return _probe(argv, stdin=PROBE, env=env)
-
-
-def _built(target: Target, loaded: Loaded, site, opts: ParityOptions, progress: Progress, label: str,
-           host: Optional[str], dir_: Optional[str]) -> TargetFacts:
-    """TARGET built (or found present) here or on HOST, then probed where the env lives."""
-    f, t0 = TargetFacts(label), time.monotonic()
-    progress(f"parity: {label}: building (or finding present)" + (f" in {dir_}" if dir_ else ""))
-    with envs_dir(dir_):
-        results = target.build(BuildRequest(loaded, site, loaded.root, host=host, rebuild=opts.rebuild,
-                                             progress=progress))
-    names = env_names(loaded)
-    _probed(f, label, results, lambda where: target.probe(_run_probe, where, names, site=site, host=host))
-    f.seconds = time.monotonic() - t0
-    return f
-
-
-def _local_target(target: Target, loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    skipped = target.parity_unavailable()
-    if skipped:
-        return [TargetFacts(target.name, skipped=skipped)]
-    dir_ = (opts.local_envs_dir or os.environ.get("ENVPORT_ENVS_DIR")) if target.hosts else None
-    return [_built(target, loaded, site, opts, progress, target.name, None, dir_)]
-
-
-def _ssh_targets(target: Target, loaded: Loaded, site, opts: ParityOptions, progress: Progress) -> list[TargetFacts]:
-    hosts = opts.hosts if opts.hosts is not None else sorted(site.hosts)
-    if not hosts:
-        return [TargetFacts(f"{target.name}@ssh", skipped="no_ssh_host: the site profile names no hosts; pass --host")]
-    out = []
-    for h in hosts:
-        dir_ = opts.ssh_envs_dir or os.environ.get("ENVPORT_SSH_ENVS_DIR")
-        if not dir_ and same_machine(resolve_host(site, h)):
-            # Same machine: a separate folder, or the "remote" build would find the local one present.
-            dir_ = SAME_MACHINE_SSH_ENVS_DIR
-        out.append(_built(target, loaded, site, opts, progress, f"{target.name}@{h}", h, dir_))
-    return out
 
 
 def compared(facts: list[TargetFacts]) -> list[TargetFacts]:
