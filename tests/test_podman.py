@@ -49,7 +49,7 @@ PROBE_DRIVER = textwrap.dedent("""
     loaded, site = load_spec(sys.argv[1], Path.cwd()), load_site("local", Path.cwd())
     target = registry.get("podman")
     tag = resolve(loaded, site, target.recipe).identity.image_tag
-    rc, text = target.probe(lambda argv, env=None: parity._probe(argv, stdin=parity.PROBE), tag,
+    rc, text = target.probe(lambda argv, env=None: parity.run_probe(argv, stdin=parity.PROBE, env=env), tag,
                             parity.env_names(loaded))
     print(json.dumps({"rc": rc, "text": text}))
 """)
@@ -167,7 +167,7 @@ def test_parity_probe_reads_the_same_freeze_as_docker(tiny, docker_client, base_
     tag = results[-1]["data"]["image"]
     from envport.targets import registry
 
-    rc, docker_text = registry.get("docker").probe(lambda argv, env=None: parity._probe(argv, stdin=parity.PROBE),
+    rc, docker_text = registry.get("docker").probe(lambda argv, env=None: parity.run_probe(argv, stdin=parity.PROBE, env=env),
                                                    tag, parity.env_names(_loaded(root_project, name)))
     assert rc == 0, docker_text
     proc = as_user(USER, "python", "-c", PROBE_DRIVER, name, cwd=project, timeout=300)
