@@ -2,8 +2,8 @@
 # Start every real service the integration tests use, in dependency order
 # (the base image needs the docker engine). One line per service on success;
 # on failure the service's own output and a non-zero exit.
-# ENVPORT_CI_WITHOUT=sshd,slurm,slurm-multi,dockerd (any of them) leaves those
-# unstarted (dockerd also takes the base image along, slurm the multi-node cluster,
+# ENVPORT_CI_WITHOUT=sshd,slurm,slurm-multi,dockerd,podman (any of them) leaves those
+# unstarted (dockerd also takes the base image and podman along, slurm the multi-node cluster,
 # which shares its munged): .ci/run uses it to prove that CI
 # fails when a service is missing.
 #   usage: all.sh [BASE_IMAGE_TAG]
@@ -21,7 +21,8 @@ start() {
     local name=$1 script=$2 t0 secs
     shift 2
     if [[ "$without" == *",$name,"* ]] || { [[ $name == base-image ]] && [[ "$without" == *,dockerd,* ]]; } \
-        || { [[ $name == slurm-multi ]] && [[ "$without" == *,slurm,* ]]; }; then
+        || { [[ $name == slurm-multi ]] && [[ "$without" == *,slurm,* ]]; } \
+        || { [[ $name == podman ]] && [[ "$without" == *,dockerd,* ]]; }; then
         echo "service $name: NOT started (ENVPORT_CI_WITHOUT=${ENVPORT_CI_WITHOUT})"
         return 0
     fi
@@ -43,3 +44,4 @@ start slurm-multi slurm-multi.sh
 start sshd sshd.sh
 start registry registry.sh
 start base-image base-image.sh "$base_tag"
+start podman podman.sh "$base_tag"

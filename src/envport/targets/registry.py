@@ -7,7 +7,7 @@ from functools import cache
 
 from envport.targets.base import Target
 
-NAMES = ("docker", "apptainer", "venv", "conda")
+NAMES = ("docker", "apptainer", "venv", "conda", "podman")
 
 
 @cache

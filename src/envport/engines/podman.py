@@ -1,0 +1,165 @@
+"""The podman engine, rootless: the only module that runs the `podman` CLI.
+
+envport runs podman as the user who runs envport; that user's own storage and
+runroot hold the images (`podman info` says where).  Rootless podman needs a
+subordinate uid/gid range (/etc/subuid, /etc/subgid) for everything but uid 0
+in a container.  Without one podman falls back to its single-uid mode: `podman
+info` still answers, but an image whose files belong to another uid cannot
+even be stored (measured with Debian's podman 4.3.1 and the Debian base image:
+`podman load` fails with "potentially insufficient UIDs or GIDs available in
+user namespace (requested 0:42 for /etc/gshadow)").  So a single-uid mapping
+is REFUSED `podman_single_uid` before anything is built, with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from envport.core.proc import dies_with_parent, run
+from envport.core.verdict import StepResult, Verdict
+
+# What podman needs to find its storage, config and runroot; nothing else of the host's environment reaches
+# it, so no secret reaches a build by accident.
+CLI_ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "XDG_RUNTIME_DIR", "XDG_DATA_HOME", "XDG_CONFIG_HOME",
+                "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "CONTAINER_HOST",
+                "TMPDIR")
+
+MISSING_FIX = "install podman for rootless use (Debian: apt-get install podman uidmap slirp4netns " \
+              "fuse-overlayfs catatonit)"
+
+
+def podman() -> str:
+    """The podman client; ENVPORT_PODMAN overrides (a test points it at a missing one)."""
+    return os.environ.get("ENVPORT_PODMAN", "podman")
+
+
+def cli_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in CLI_ENV_KEEP if k in os.environ}
+
+
+def _podman(*args: str, timeout: float = 60, stdin: Optional[str] = None):
+    return run([podman(), *args], timeout=timeout, stdin=stdin, env=cli_env())
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if "level=warning" not in ln]
+    return lines[-1][:300] if lines else "no output"
+
+
+def info(timeout: float = 30) -> tuple[Optional[dict], str]:
+    """(`podman info` as data, '') when podman answers, else (None, why in one line)."""
+    ran = _podman("info", "--format", "json", timeout=timeout)
+    if ran.returncode is None:
+        return None, ran.why
+    if not ran.ok:
+        return None, _last_line(ran.stderr or ran.stdout)
+    return json.loads(ran.stdout), ""
+
+
+def mapped_ids(data: dict) -> int:
+    """How many uids the user namespace maps (1: podman's single-uid mode)."""
+    return sum(int(m.get("size", 0)) for m in (data.get("host", {}).get("idMappings", {}).get("uidmap") or []))
+
+
+def single_uid_fix(user: str) -> str:
+    return (f"give {user} a subordinate id range: `usermod --add-subuids 100000-165535 --add-subgids "
+            f"100000-165535 {user}` (as root; any range no other user has), then `podman system migrate` "
+            f"as {user}")
+
+
+def problem(step: str) -> Optional[StepResult]:
+    """None when podman answers with a usable id mapping, else the REFUSED result naming the fix."""
+    data, why = info()
+    if data is None:
+        missing = why.endswith("not found")
+        return StepResult(step, Verdict.REFUSED, f"podman does not answer ({why}); " +
+                          (MISSING_FIX if missing else "run `podman info` as this user to see why"),
+                          reason="podman_missing" if missing else "podman_unreachable")
+    rootless = bool(data.get("host", {}).get("security", {}).get("rootless"))
+    if rootless and mapped_ids(data) < 2:
+        user = os.environ.get("USER") or str(os.getuid())
+        return StepResult(step, Verdict.REFUSED,
+                          f"rootless podman maps only one uid for {user} (no range in /etc/subuid, "
+                          f"/etc/subgid): no Debian image can be stored; {single_uid_fix(user)}",
+                          reason="podman_single_uid")
+    return None
+
+
+def mode(data: dict) -> str:
+    """Rootless or rootful, and where this user's images live: `podman info` in one line."""
+    s = data.get("store", {})
+    rootless = data.get("host", {}).get("security", {}).get("rootless")
+    return (f"{'rootless' if rootless else 'rootful'}, {s.get('graphDriverName', '?')} storage "
+            f"{s.get('graphRoot', '?')}, runroot {s.get('runRoot', '?')}")
+
+
+def image(ref: str) -> Optional[dict]:
+    """{'id', 'labels', 'size', 'tags'} of REF in this user's storage, or None when it has no such image."""
+    ran = _podman("image", "inspect", ref, timeout=30)
+    if not ran.ok:
+        return None
+    (img,) = json.loads(ran.stdout)
+    return {"id": img.get("Id", ""), "labels": img.get("Labels") or {}, "size": int(img.get("Size") or 0),
+            "tags": [short_name(t) for t in img.get("RepoTags") or []]}
+
+
+def short_name(tag: str) -> str:
+    """podman stores an unqualified name under localhost/: give it back as the Dockerfile and users write it."""
+    return tag.removeprefix("localhost/")
+
+
+def tag(image_id: str, *refs: str) -> None:
+    for ref in refs:
+        ran = _podman("tag", image_id, ref)
+        if not ran.ok:
+            raise RuntimeError(f"podman tag {image_id[:12]} {ref} failed: {_last_line(ran.text)}")
+
+
+def remove_image(image_id: str) -> None:
+    """Drop an image this rebuild left untagged; one that a container still uses stays."""
+    _podman("rmi", image_id, timeout=120)
+
+
+def build(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None]) -> int:
+    """`podman build ARGV`, its output line by line; a killed envport takes the build along."""
+    proc = subprocess.Popen([podman(), "build", *argv], cwd=cwd, env=cli_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            preexec_fn=dies_with_parent(signal.SIGTERM))
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line)
+        return proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
+def run_in_image(image_ref: str, argv: Sequence[str], timeout: float = 120, stdin: Optional[str] = None):
+    """ARGV in a throwaway container of IMAGE_REF with no network: core.proc's Ran."""
+    return _podman("run", "--rm", "-i", "--network", "none", "--entrypoint", argv[0], image_ref, *argv[1:],
+                   timeout=timeout, stdin=stdin if stdin is not None else "")
+
+
+def start(image_ref: str, name: str, network: str, mounts: Sequence[tuple[str, str]] = (),
+          labels: Optional[dict] = None):
+    """A detached `sleep infinity` container NAME of IMAGE_REF, for testinfra's podman:// backend."""
+    args = ["run", "-d", "--name", name, "--network", network, "--entrypoint", "sleep"]
+    for host_path, path in mounts:
+        args += ["-v", f"{host_path}:{path}:ro"]
+    for k, v in sorted((labels or {}).items()):
+        args += ["--label", f"{k}={v}"]
+    return _podman(*args, image_ref, "infinity", timeout=120)
+
+
+def remove_container(name: str) -> None:
+    _podman("rm", "-f", "-t", "0", name, timeout=60)
