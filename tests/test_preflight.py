@@ -24,7 +24,8 @@ def _demo():
 
 
 def test_a_fake_low_disk_threshold_refuses_with_the_fix(tmp_path):
-    r = preflight(Context(_demo(), "venv", weights_root=tmp_path, margin_gb=10**7))
+    r = preflight(Context(_demo(), "venv", weights_root=tmp_path, margin_gb=10**7,
+                          env_disk=get("venv").env_disk(_demo(), REPO)))
     assert r.verdict is Verdict.REFUSED and r.reason == "disk_low", r
     assert any(ln.startswith("disk_low:") and "fix:" in ln and "ENVPORT_WEIGHTS_DIR" in ln for ln in r.lines), r.lines
 
@@ -77,7 +78,7 @@ def test_a_compiling_spec_on_a_host_without_cc_refuses(monkeypatch, tmp_path):
 
 
 def test_notes_do_not_refuse(tmp_path):
-    r = preflight(Context(_demo(), "venv", weights_root=tmp_path))
+    r = preflight(Context(_demo(), "venv", weights_root=tmp_path, env_disk=get("venv").env_disk(_demo(), REPO)))
     assert r.verdict is Verdict.OK, r
     assert any(ln.startswith("note:") and "never measured" in ln for ln in r.lines), r.lines
 

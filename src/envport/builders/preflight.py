@@ -19,7 +19,6 @@ from typing import Callable, Optional
 from envport.builders import weights as weights_mod
 from envport.core.arch import driver_check, flavour_cuda, parse_capability, torch_flavour
 from envport.core.finding import Finding
-from envport.core.layout import env_prefix
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.spec.model import Spec
 
@@ -44,6 +43,9 @@ class Context:
     gpu_inventory: Optional[Callable[[], dict]] = None
     # The target's own runtime check (envport.targets: Target.runtime_findings); None: not checked, and said so.
     runtime: Optional[Callable[["Context"], list[Finding]]] = None
+    # Where the env's bytes land on this host (Target.env_disk); None: not on this host (an SSH host's
+    # setup script checks its own disk), or not said, and then only the weights are counted.
+    env_disk: Optional[Path] = None
 
 
 def check_disk(ctx: Context) -> list[Finding]:
@@ -59,11 +61,8 @@ def check_disk(ctx: Context) -> list[Finding]:
         slot[3].append(what)
 
     notes = []
-    if ctx.target in ("venv", "conda") and ctx.host:
-        pass  # the env's disk is the remote host's; its setup script finds out there
-    else:
-        where = {"docker": Path("/var/lib/docker"), "apptainer": (ctx.project_root or Path.cwd()) / ".cache",
-                 "venv": env_prefix(ctx.spec.name).parent, "conda": Path.home()}[ctx.target]
+    if ctx.env_disk is not None:
+        where = ctx.env_disk
         if ctx.env_bytes is None:
             notes.append(Finding("", f"{ctx.spec.name}'s {ctx.target} size was never measured on this host; "
                                  "only the weights and the margin are counted"))

@@ -103,7 +103,8 @@ def preflight(up: Up) -> StepResult:
     margin = DEFAULT_MARGIN_GB if up.min_free_gb is None else up.min_free_gb
     return as_step("preflight", run_preflight(Context(spec, up.target.name, host=up.host, weights_root=up.weights_root,
                                                       env_bytes=size, margin_gb=margin, project_root=up.root,
-                                                      runtime=up.target.runtime_findings)))
+                                                      runtime=up.target.runtime_findings,
+                                                      env_disk=None if up.host else up.target.env_disk(spec, up.root))))
 
 
 def build(up: Up) -> StepResult:

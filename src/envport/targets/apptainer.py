@@ -20,6 +20,9 @@ class Apptainer(Target):
         PRESENT: "an apptainer build checks the SIF's recorded hash itself and reports present",
     }
 
+    def env_disk(self, spec, project_root):
+        return Path(project_root or Path.cwd()) / ".cache"
+
     def runtime_findings(self, ctx) -> list:
         from envport.builders.preflight import Finding
 

@@ -141,6 +141,10 @@ class Target(ABC):
         """Preflight's runtime check (builders.preflight.Finding list) for this target on this host."""
         return []
 
+    def env_disk(self, spec, project_root) -> Optional[Path]:
+        """Where this target's env takes its bytes on this host (preflight's disk check); None: not here."""
+        return None
+
     def needs(self, req: NeedsRequest) -> list[Need]:
         """What the matrix lists for (env, this target): each need checked, or said unchecked."""
         return []

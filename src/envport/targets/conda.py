@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Optional
 
 from envport.targets.base import SLURM, WITNESS
@@ -20,6 +21,9 @@ class Conda(HostTarget):
                  "the witnesses run in docker, venv and apptainer envs)",
         SLURM: "witness/slurm_job.py has no conda task wrapper yet (the job activates a venv or runs a container)",
     }
+
+    def env_disk(self, spec, project_root):
+        return Path.home()  # micromamba's root prefix and pkgs cache sit under $HOME by default
 
     def runtime_what(self, spec) -> str:
         return "micromamba, mamba or conda"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from envport.targets import needs
 from envport.targets.base import PRESENT, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
@@ -16,6 +17,9 @@ class Docker(Target):
     unsupported = {
         PRESENT: "a docker build checks the image's envport.hash label itself and reports present",
     }
+
+    def env_disk(self, spec, project_root):
+        return Path("/var/lib/docker")
 
     def runtime_findings(self, ctx) -> list:
         from envport.builders.preflight import Finding

@@ -49,7 +49,8 @@ def preflight_context(req: NeedsRequest, target):
     from envport.builders.preflight import Context
 
     return Context(req.loaded.spec, target.name, host=req.host, project_root=req.root,
-                   gpu_inventory=req.gpu_inventory, runtime=target.runtime_findings)
+                   gpu_inventory=req.gpu_inventory, runtime=target.runtime_findings,
+                   env_disk=None if req.host else target.env_disk(req.loaded.spec, req.root))
 
 
 def findings(what: str, check, ctx) -> list[Need]:

@@ -13,6 +13,7 @@ the measurements.
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import shutil
 import time
@@ -266,6 +267,10 @@ class Podman(Target):
         PRESENT: "a podman build checks the image's envport.hash label itself and reports present",
         SLURM: "no Slurm profile runs podman tasks yet (container_runtime is docker or apptainer)",
     }
+
+    def env_disk(self, spec, project_root):
+        # Rootless storage is the user's own (containers-storage.conf's default graphroot).
+        return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "containers"
 
     def runtime_findings(self, ctx) -> list:
         from envport.builders.preflight import Finding

@@ -19,6 +19,11 @@ class Venv(HostTarget):
     def runtime_what(self, spec) -> str:
         return f"python{spec.python}"
 
+    def env_disk(self, spec, project_root):
+        from envport.core.layout import env_prefix
+
+        return env_prefix(spec.name).parent
+
     def runtime_findings(self, ctx) -> list:
         from envport.builders.preflight import Finding
 
