@@ -141,6 +141,11 @@ class Target(ABC):
         """Preflight's runtime check (builders.preflight.Finding list) for this target on this host."""
         return []
 
+    def weights_interpreter(self, name: str, host: Optional[str]) -> Optional[Path]:
+        """The bin/ whose python `up`'s weights step runs the spec's `source` command with (None: the caller's
+        PATH; a container target fetches weights on the host, outside its image)."""
+        return None
+
     def env_disk(self, spec, project_root) -> Optional[Path]:
         """Where this target's env takes its bytes on this host (preflight's disk check); None: not here."""
         return None

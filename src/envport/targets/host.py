@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from envport.targets import needs
 from envport.targets.base import BuildRequest, Need, NeedsRequest, Target, VerifyRequest
@@ -60,7 +60,3 @@ class HostTarget(Target):
 
         remote = f"bash -c {shlex.quote(script)} envport-parity {' '.join(shlex.quote(n) for n in names)}"
         return run(ssh_argv(resolve_host(site, host)) + [remote])
-
-    def weights_interpreter(self, name: str, host: Optional[str]):
-        """The bin/ whose python the weights' `source` command runs (None: the caller's PATH)."""
-        return None

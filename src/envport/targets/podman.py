@@ -298,10 +298,6 @@ class Podman(Target):
     def build(self, req: BuildRequest):
         return build(req)
 
-    def weights_interpreter(self, name: str, host: Optional[str]):
-        """`up`'s weights step runs the spec's `source` command on this host, by the caller's PATH."""
-        return None
-
     def verify(self, req: VerifyRequest):
         return verify(req)
 
