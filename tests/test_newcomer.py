@@ -153,3 +153,38 @@ def test_just_runs_this_checkouts_envport_or_refuses_in_two_lines(tmp_path):
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode != 0 and len(lines) <= 2, lines
     assert "has no envport installed" in lines[0] and "run: bash scripts/demo.sh" in lines[0], lines
+
+
+def test_a_cli_witness_written_as_a_string_is_refused_with_the_shape_to_write(project):
+    name = unique("newcomer")
+    write_spec(project, name, witnesses={"cli": ["python -c 'print(1)'", 5]})
+    proc = run_envport("validate", name, root=project, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "CliCheck" not in text and "instance of" not in text, text
+    assert ("witnesses.cli[0]: a CLI witness is a mapping, not a string; write "
+            "{cmd: \"python -c 'print(1)'\", expect: \"regex\"}") in text, text
+    assert "witnesses.cli[1]: a CLI witness is a mapping {cmd: " in text, text
+
+
+def test_one_url_string_where_a_list_is_expected_is_a_one_element_list(project):
+    name = unique("newcomer")
+    write_spec(project, name, pip_phases=[{"packages": ["six==1.16.0"], "find_links": "https://example.org/wheels/",
+                                           "extra_index_urls": "https://example.org/simple"}])
+    run_envport("validate", name, root=project, timeout=120, check=True)
+    shown = as_json(run_envport("show", name, "--json", root=project, timeout=120, check=True))
+    phase = shown["spec"]["pip_phases"][0]
+    assert phase["find_links"] == ["https://example.org/wheels/"], phase
+    assert phase["extra_index_urls"] == ["https://example.org/simple"], phase
+
+
+def test_docs_spec_md_documents_every_witness_field():
+    from envport.spec.model import CliCheck, Collectives, DTensorCheck, Witnesses
+
+    doc = (REPO / "docs" / "spec.md").read_text()
+    section = doc[doc.index("### Witnesses"):]
+    section = section[:section.index("\n### ", 1)]
+    for model in (Witnesses, CliCheck, Collectives, DTensorCheck):
+        for field in model.model_fields:
+            assert f"`{field}`" in section, f"docs/spec.md's Witnesses section does not name `{field}`"
+    assert "re.search" in section and "searched" in section
