@@ -188,3 +188,23 @@ def test_docs_spec_md_documents_every_witness_field():
         for field in model.model_fields:
             assert f"`{field}`" in section, f"docs/spec.md's Witnesses section does not name `{field}`"
     assert "re.search" in section and "searched" in section
+
+
+def test_lock_names_what_moved_spec_phases_and_versions_old_to_new(tmp_path):
+    from .test_lock import PY, local_phase, make_wheel
+
+    (tmp_path / "specs").mkdir()
+    wheels = tmp_path / "wheels"
+    for name, version in (("envport-ta", "1.0"), ("envport-tc", "3.0"), ("envport-tc", "3.1"), ("envport-td", "1.0")):
+        make_wheel(wheels, name, version, {f"{name.replace('-', '_')}/__init__.py": f"V = {version!r}\n"})
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-ta==1.0", "envport-tc==3.0")])
+    first = as_json(run_envport("lock", "tiny", "--json", root=tmp_path, timeout=600, check=True))
+    assert first["steps"][0]["data"]["changes"] == [], first
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-tc==3.1", "envport-td==1.0")])
+    proc = run_envport("lock", "tiny", root=tmp_path, timeout=600, check=True)
+    out = proc.stdout + proc.stderr
+    assert "; 4 change(s) from the lock before" in out, out
+    for line in ("spec: phase 1 was ['envport-ta==1.0', 'envport-tc==3.0'] and is now "
+                 "['envport-tc==3.1', 'envport-td==1.0']",
+                 "envport-ta: gone (was 1.0)", "envport-tc: 3.0 -> 3.1", "envport-td: new, 1.0"):
+        assert line in out, out
