@@ -208,3 +208,22 @@ def test_lock_names_what_moved_spec_phases_and_versions_old_to_new(tmp_path):
                  "['envport-tc==3.1', 'envport-td==1.0']",
                  "envport-ta: gone (was 1.0)", "envport-tc: 3.0 -> 3.1", "envport-td: new, 1.0"):
         assert line in out, out
+
+
+def test_a_docker_step_of_two_instructions_says_done_once():
+    from envport.builders.docker.log import BuildkitLog, instruction_steps
+
+    dockerfile = ("# step 1/3 base: base img\nFROM img\n"
+                  "# step 2/3 files: shim files (1)\nCOPY files/a /opt/a\nRUN chmod 0644 /opt/a\n"
+                  "# step 3/3 pip-1: pip phase 1: six==1.16.0\nRUN python -m pip install six==1.16.0\n")
+    ops, _ = instruction_steps(dockerfile)
+    lines: list[str] = []
+    log = BuildkitLog(ops, lines.append)
+    for line in ["#4 [1/4] FROM docker.io/library/img", "#4 DONE 0.1s",
+                 "#5 [2/4] COPY files/a /opt/a", "#5 DONE 0.2s",
+                 "#6 [3/4] RUN chmod 0644 /opt/a", "#6 DONE 0.3s",
+                 "#7 [4/4] RUN python -m pip install six==1.16.0", "#7 CACHED"]:
+        log.feed(line)
+    done = [ln for ln in lines if " done " in ln or ln.endswith(" cached")]
+    assert done == ["envport: [docker] step 2/3 files done (0.5s, 2 instructions)",
+                    "envport: [docker] step 3/3 pip-1 cached"], lines
