@@ -227,3 +227,33 @@ def test_a_docker_step_of_two_instructions_says_done_once():
     done = [ln for ln in lines if " done " in ln or ln.endswith(" cached")]
     assert done == ["envport: [docker] step 2/3 files done (0.5s, 2 instructions)",
                     "envport: [docker] step 3/3 pip-1 cached"], lines
+
+
+def test_mksquashfs_progress_is_read_from_its_own_bar(tmp_path):
+    from envport.builders.apptainer.squash_progress import BAR, run_mksquashfs
+
+    if shutil.which("mksquashfs") is None:
+        missing("mksquashfs not installed (apt-get install squashfs-tools)")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(40):
+        (tree / f"f{i}").write_bytes(bytes(range(256)) * 400 * (i + 1))
+    said: list[str] = []
+    code, out = run_mksquashfs(["mksquashfs", str(tree), str(tmp_path / "t.sqfs"), "-noappend", "-comp", "gzip",
+                                "-progress", "-quiet"], said.append, tick_s=0.01)
+    assert code == 0, out
+    assert said and re.fullmatch(r"mksquashfs: 100% \((\d+)/\1 blocks, \d+s\)", said[-1]), said
+    assert "\r" not in out and BAR.search(out), out
+
+
+def test_a_stalled_mksquashfs_bar_is_said_again_each_tick(tmp_path):
+    # A stand-in for a mksquashfs whose bar stalls (a big file compressing): its real bar format, then
+    # a pause of many ticks.
+    from envport.builders.apptainer.squash_progress import run_mksquashfs
+
+    script = "printf '\\r[==    ] 1/4  25%%'; sleep 1; printf '\\r[======] 4/4 100%%\\n'"
+    said: list[str] = []
+    code, _ = run_mksquashfs(["sh", "-c", script], said.append, tick_s=0.1)
+    assert code == 0
+    quarter = [s for s in said if s.startswith("mksquashfs: 25% (1/4 blocks, ")]
+    assert len(quarter) >= 2 and said[-1].startswith("mksquashfs: 100% (4/4 blocks, "), said
