@@ -2,9 +2,9 @@
 (issue 27 row 4): no GitHub here, so the runner is a fresh docker container.
 
 What it keeps of the real runner: a non-root user (`runner`) with password-less sudo whose `secure_path` is
-the Ubuntu images' own, and a python set up the way actions/setup-python sets it up (a CPython tree under
-/opt/hostedtoolcache/Python/<version>/x64, its bin/ first on PATH, `pythonLocation` set) and no other
-python of that version on the system PATH. What it replaces, and says so: `actions/checkout` is a copy of
+the Ubuntu images' own, and a python set up the way actions/setup-python sets it up (under
+/opt/hostedtoolcache/Python/<version>/x64, owned by the runner user, its bin/ first on PATH, `pythonLocation`
+set) and no other python of that version on the system PATH. What it replaces, and says so: `actions/checkout` is a copy of
 the project, setup-python the tree above, PyPI a find-links folder of the wheels `pip download` fetched on
 this host (PIP_NO_INDEX/PIP_FIND_LINKS, as a runner's pip config could), `upload-artifact` is left out (it
 uploads, it runs nothing). Each `run:` runs as GitHub runs it: `bash --noprofile --norc -eo pipefail`, with
@@ -34,18 +34,16 @@ SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/sna
 TOOLCACHE = "/opt/hostedtoolcache/Python/3.11.2/x64"
 WORKSPACE = "/home/runner/work/project"
 
-# A CPython tree under the tool cache, the way setup-python leaves one: Debian's static python3.11 binary
-# and its stdlib moved there (CPython finds its prefix from the binary's place), none left on secure_path.
+# A python under the tool cache, off secure_path, the way setup-python leaves one: Debian's python3.11 binary
+# moved there (its stdlib stays where its build looks), the interpreter on PATH a `venv --copies` of it
+# (bin/ holds python, pip and what pip installs), and no python3.11 left on the system PATH.
 RUNNER_DOCKERFILE = f"""FROM {RUNNER_BASE}
 RUN apt-get update && apt-get install -y --no-install-recommends sudo python3-venv ca-certificates \\
  && rm -rf /var/lib/apt/lists/*
-RUN mkdir -p {TOOLCACHE}/bin {TOOLCACHE}/lib \\
- && cp -a /usr/lib/python3.11 {TOOLCACHE}/lib/ \\
- && cp /usr/bin/python3.11 {TOOLCACHE}/bin/python3.11 \\
- && ln -s python3.11 {TOOLCACHE}/bin/python3 && ln -s python3.11 {TOOLCACHE}/bin/python \\
+RUN mkdir -p {TOOLCACHE}/../real/bin && cp /usr/bin/python3.11 {TOOLCACHE}/../real/bin/python3.11 \\
  && rm -f /usr/bin/python3.11 /usr/bin/python3 /usr/bin/python \\
- && {TOOLCACHE}/bin/python3.11 -m ensurepip -q && {TOOLCACHE}/bin/python3.11 -m pip --version
-RUN useradd -m -u 1001 runner \\
+ && {TOOLCACHE}/../real/bin/python3.11 -m venv --copies {TOOLCACHE} && {TOOLCACHE}/bin/python -m pip --version
+RUN useradd -m -u 1001 runner && chown -R runner: /opt/hostedtoolcache \\
  && echo 'runner ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/runner \\
  && echo 'Defaults secure_path="{SECURE_PATH}"' > /etc/sudoers.d/secure_path \\
  && chmod 0440 /etc/sudoers.d/*
@@ -93,7 +91,7 @@ def _script(workflow: dict, row: dict) -> tuple[str, list[str]]:
     ctx = {f"matrix.{k}": ("true" if v is True else "false" if v is False else str(v)) for k, v in row.items()}
     ctx["github.workspace"] = WORKSPACE
     job_env = {k: _subst(str(v), ctx) for k, v in (job.get("env") or {}).items()}
-    out = ["set -u", f"export GITHUB_WORKSPACE={WORKSPACE} GITHUB_PATH=/tmp/github_path",
+    out = ["set -eu", f"export GITHUB_WORKSPACE={WORKSPACE} GITHUB_PATH=/tmp/github_path",
            f"export pythonLocation={TOOLCACHE} PATH={TOOLCACHE}/bin:$PATH", ": > /tmp/github_path",
            *(f"export {k}={shlex.quote(v)}" for k, v in job_env.items()), "mkdir -p /tmp/steps"]
     names = []
@@ -116,8 +114,8 @@ def _script(workflow: dict, row: dict) -> tuple[str, list[str]]:
                 f"echo '::step:: {names[-1]}'",
                 f"(cd {WORKSPACE} && PATH=\"$(tac /tmp/github_path | tr '\\n' :)$PATH\" {env} "
                 f"bash --noprofile --norc -eo pipefail /tmp/steps/{i}.sh) "
-                f"|| {{ echo \"::failed:: {names[-1]}\"; cp -a {WORKSPACE}/reports/. /out/ 2>/dev/null; exit 1; }}"]
-    out += [f"cp -a {WORKSPACE}/reports/. /out/"]
+                f"|| {{ echo \"::failed:: {names[-1]}\"; cp -r {WORKSPACE}/reports/. /out/ 2>/dev/null; exit 1; }}"]
+    out += [f"cp -r {WORKSPACE}/reports/. /out/"]
     return "\n".join(out) + "\n", names
 
 
@@ -143,6 +141,8 @@ def test_the_generated_workflow_runs_one_venv_pair_as_a_non_root_runner(tmp_path
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), f"envport[build] @ {project.as_uri()}",
                            "six==1.16.0", "setuptools>=68", "wheel"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    for readable in (project, wheels):  # the runner user (uid 1001) reads them; pytest's tmp dirs are 0700
+        readable.chmod(0o755)
     out = tmp_path / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
