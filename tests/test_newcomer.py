@@ -153,3 +153,107 @@ def test_just_runs_this_checkouts_envport_or_refuses_in_two_lines(tmp_path):
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode != 0 and len(lines) <= 2, lines
     assert "has no envport installed" in lines[0] and "run: bash scripts/demo.sh" in lines[0], lines
+
+
+def test_a_cli_witness_written_as_a_string_is_refused_with_the_shape_to_write(project):
+    name = unique("newcomer")
+    write_spec(project, name, witnesses={"cli": ["python -c 'print(1)'", 5]})
+    proc = run_envport("validate", name, root=project, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "CliCheck" not in text and "instance of" not in text, text
+    assert ("witnesses.cli[0]: a CLI witness is a mapping, not a string; write "
+            "{cmd: \"python -c 'print(1)'\", expect: \"regex\"}") in text, text
+    assert "witnesses.cli[1]: a CLI witness is a mapping {cmd: " in text, text
+
+
+def test_one_url_string_where_a_list_is_expected_is_a_one_element_list(project):
+    name = unique("newcomer")
+    write_spec(project, name, pip_phases=[{"packages": ["six==1.16.0"], "find_links": "https://example.org/wheels/",
+                                           "extra_index_urls": "https://example.org/simple"}])
+    run_envport("validate", name, root=project, timeout=120, check=True)
+    shown = as_json(run_envport("show", name, "--json", root=project, timeout=120, check=True))
+    phase = shown["spec"]["pip_phases"][0]
+    assert phase["find_links"] == ["https://example.org/wheels/"], phase
+    assert phase["extra_index_urls"] == ["https://example.org/simple"], phase
+
+
+def test_docs_spec_md_documents_every_witness_field():
+    from envport.spec.model import CliCheck, Collectives, DTensorCheck, Witnesses
+
+    doc = (REPO / "docs" / "spec.md").read_text()
+    section = doc[doc.index("### Witnesses"):]
+    section = section[:section.index("\n### ", 1)]
+    for model in (Witnesses, CliCheck, Collectives, DTensorCheck):
+        for field in model.model_fields:
+            assert f"`{field}`" in section, f"docs/spec.md's Witnesses section does not name `{field}`"
+    assert "re.search" in section and "searched" in section
+
+
+def test_lock_names_what_moved_spec_phases_and_versions_old_to_new(tmp_path):
+    from .test_lock import PY, local_phase, make_wheel
+
+    (tmp_path / "specs").mkdir()
+    wheels = tmp_path / "wheels"
+    for name, version in (("envport-ta", "1.0"), ("envport-tc", "3.0"), ("envport-tc", "3.1"), ("envport-td", "1.0")):
+        make_wheel(wheels, name, version, {f"{name.replace('-', '_')}/__init__.py": f"V = {version!r}\n"})
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-ta==1.0", "envport-tc==3.0")])
+    first = as_json(run_envport("lock", "tiny", "--json", root=tmp_path, timeout=600, check=True))
+    assert first["steps"][0]["data"]["changes"] == [], first
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-tc==3.1", "envport-td==1.0")])
+    proc = run_envport("lock", "tiny", root=tmp_path, timeout=600, check=True)
+    out = proc.stdout + proc.stderr
+    assert "; 4 change(s) from the lock before" in out, out
+    for line in ("spec: phase 1 was ['envport-ta==1.0', 'envport-tc==3.0'] and is now "
+                 "['envport-tc==3.1', 'envport-td==1.0']",
+                 "envport-ta: gone (was 1.0)", "envport-tc: 3.0 -> 3.1", "envport-td: new, 1.0"):
+        assert line in out, out
+
+
+def test_a_docker_step_of_two_instructions_says_done_once():
+    from envport.builders.docker.log import BuildkitLog, instruction_steps
+
+    dockerfile = ("# step 1/3 base: base img\nFROM img\n"
+                  "# step 2/3 files: shim files (1)\nCOPY files/a /opt/a\nRUN chmod 0644 /opt/a\n"
+                  "# step 3/3 pip-1: pip phase 1: six==1.16.0\nRUN python -m pip install six==1.16.0\n")
+    ops, _ = instruction_steps(dockerfile)
+    lines: list[str] = []
+    log = BuildkitLog(ops, lines.append)
+    for line in ["#4 [1/4] FROM docker.io/library/img", "#4 DONE 0.1s",
+                 "#5 [2/4] COPY files/a /opt/a", "#5 DONE 0.2s",
+                 "#6 [3/4] RUN chmod 0644 /opt/a", "#6 DONE 0.3s",
+                 "#7 [4/4] RUN python -m pip install six==1.16.0", "#7 CACHED"]:
+        log.feed(line)
+    done = [ln for ln in lines if " done " in ln or ln.endswith(" cached")]
+    assert done == ["envport: [docker] step 2/3 files done (0.5s, 2 instructions)",
+                    "envport: [docker] step 3/3 pip-1 cached"], lines
+
+
+def test_mksquashfs_progress_is_read_from_its_own_bar(tmp_path):
+    from envport.builders.apptainer.squash_progress import BAR, run_mksquashfs
+
+    if shutil.which("mksquashfs") is None:
+        missing("mksquashfs not installed (apt-get install squashfs-tools)")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for i in range(40):
+        (tree / f"f{i}").write_bytes(bytes(range(256)) * 400 * (i + 1))
+    said: list[str] = []
+    code, out = run_mksquashfs(["mksquashfs", str(tree), str(tmp_path / "t.sqfs"), "-noappend", "-comp", "gzip",
+                                "-progress", "-quiet"], said.append, tick_s=0.01)
+    assert code == 0, out
+    assert said and re.fullmatch(r"mksquashfs: 100% \((\d+)/\1 blocks, \d+s\)", said[-1]), said
+    assert "\r" not in out and BAR.search(out), out
+
+
+def test_a_stalled_mksquashfs_bar_is_said_again_each_tick(tmp_path):
+    # A stand-in for a mksquashfs whose bar stalls (a big file compressing): its real bar format, then
+    # a pause of many ticks.
+    from envport.builders.apptainer.squash_progress import run_mksquashfs
+
+    script = "printf '\\r[==    ] 1/4  25%%'; sleep 1; printf '\\r[======] 4/4 100%%\\n'"
+    said: list[str] = []
+    code, _ = run_mksquashfs(["sh", "-c", script], said.append, tick_s=0.1)
+    assert code == 0
+    quarter = [s for s in said if s.startswith("mksquashfs: 25% (1/4 blocks, ")]
+    assert len(quarter) >= 2 and said[-1].startswith("mksquashfs: 100% (4/4 blocks, "), said

@@ -200,13 +200,46 @@ def lock_spec(loaded, site, root: Path, progress: Progress) -> StepResult:
     except ValueError:
         rel = loaded.path.name
     text = write_text(lock, rel)
+    before = _previous(path)
     changed = not path.is_file() or path.read_text(encoding="utf-8") != text
     if changed:
         write_atomic(path, text)
     n = len(lock.final())
+    moved = changes(before, lock, spec) if before is not None else []
+    said = f"; {len(moved)} change(s) from the lock before" if moved else ""
     return StepResult(step, Verdict.OK, f"{path.name}: {n} distributions in {len(phases)} phase(s)"
-                      f"{'' if changed else ' (unchanged)'}", seconds=time.monotonic() - start,
-                      data={"lock": str(path), "distributions": n, "changed": changed})
+                      f"{'' if changed else ' (unchanged)'}{said}", lines=moved, seconds=time.monotonic() - start,
+                      data={"lock": str(path), "distributions": n, "changed": changed, "changes": moved})
+
+
+def _previous(path: Path) -> Lock | None:
+    """The lock about to be replaced, to say what moved; one that cannot be read has nothing to compare."""
+    from envport.plan.lock import LockError, read
+
+    try:
+        return read(path)
+    except LockError:
+        return None
+
+
+def changes(before: Lock, after: Lock, spec) -> list[str]:
+    """What moved between two locks, in words: the spec's phases (when they were edited) and every
+    distribution the env ends with, `name old -> new`, new or gone, sorted by name."""
+    from envport.plan.lock import stale_detail
+
+    out = [f"spec: {stale_detail(before, spec)}"] if before.inputs != after.inputs else []
+    was, now = before.final(), after.final()
+    for name in sorted(set(was) | set(now)):
+        a, b = was.get(name), now.get(name)
+        if a is None:
+            out.append(f"{name}: new, {b.version}")
+        elif b is None:
+            out.append(f"{name}: gone (was {a.version})")
+        elif a.version != b.version:
+            out.append(f"{name}: {a.version} -> {b.version}")
+        elif a.sha256 != b.sha256:
+            out.append(f"{name}: {a.version}, another file (sha256 {a.sha256[:12]} -> {b.sha256[:12]})")
+    return out
 
 
 def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[str],

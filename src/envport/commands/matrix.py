@@ -104,12 +104,7 @@ def _github(args, root: Path) -> int:
     from envport.report import workflow
 
     loaded = load_selected(type(args)(**{**vars(args), "specs": [], "all": True, "root": str(root)}))
-    text = workflow.for_project(root, loaded)
-    changed = workflow.write(root, text)
-    jobs = text.count("\n          - {")
-    print(f"{'OK' if changed else 'present':<8} {workflow.WORKFLOW_PATH} ({jobs} jobs"
-          f"{'' if changed else ', unchanged'})")
-    return 0
+    return workflow.emit(root, loaded)
 
 
 # --- listing ---------------------------------------------------------------------

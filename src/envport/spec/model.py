@@ -9,6 +9,7 @@ that would break a Dockerfile line or a `.def` section.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from typing import Annotated, Any, Literal, Optional, Union
@@ -241,6 +242,17 @@ ShimSource = Annotated[str, AfterValidator(_shim_source)]
 DebPkg = Annotated[str, AfterValidator(_deb_pkg)]
 
 
+def _one_or_list(value: Any) -> Any:
+    # pip's `-f URL` takes one; a YAML `find_links: URL` means the same one-element list.
+    return [value] if isinstance(value, str) else value
+
+
+# A list of URLs (or find-links paths) that also takes one string as a one-element list.
+UrlList = Annotated[list[Url], BeforeValidator(_one_or_list, json_schema_input_type=Union[Url, list[Url]])]
+FindLinkList = Annotated[list[FindLink], BeforeValidator(_one_or_list,
+                                                         json_schema_input_type=Union[FindLink, list[FindLink]])]
+
+
 class Model(BaseModel):
     # YAML reads 1e99999 as inf and .nan as nan: no size, memory or count is either.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -256,8 +268,8 @@ def _phase_from_list(value: Any) -> Any:
 class PipPhase(Model):
     packages: list[RequirementStr] = Field(min_length=1, description="requirements for this one pip call")
     index_url: Optional[Url] = None
-    extra_index_urls: list[Url] = []
-    find_links: list[FindLink] = []
+    extra_index_urls: UrlList = []
+    find_links: FindLinkList = []
     no_deps: StrictBool = False
     force_reinstall: StrictBool = False
     pre: StrictBool = False
@@ -308,9 +320,24 @@ class WeightDir(Model):
     files: list[WeightFile] = []
 
 
+CLI_SHAPE = '{cmd: "the command line", expect: "a regex searched for in its output"}'
+
+
+def _cli_shape(value: Any) -> Any:
+    # pydantic's own words here name an internal class ("instance of CliCheck") and no fix.
+    if isinstance(value, str):
+        raise ValueError(f"a CLI witness is a mapping, not a string; write {{cmd: {json.dumps(value)}, expect: \"regex\"}} "
+                         f"(the shape: {CLI_SHAPE})")
+    if not isinstance(value, dict) and not isinstance(value, BaseModel):
+        raise ValueError(f"a CLI witness is a mapping {CLI_SHAPE}, not {type(value).__name__}")
+    return value
+
+
 class CliCheck(Model):
-    cmd: Line
-    expect: str = Field(description="a Python regex searched for in the command's output")
+    cmd: Line = Field(description="the command line, run by /bin/sh -c inside the env")
+    expect: str = Field(description="a Python regex searched for (re.search, multiline: ^ and $ match at "
+                        "each line) in the command's output (stdout and stderr together); the regex decides, not the exit status (many "
+                        "tools print usage and exit 1), and the command must finish in time")
 
     @field_validator("expect")
     @classmethod
@@ -347,7 +374,7 @@ def _module(value: str) -> str:
 
 class Witnesses(Model):
     imports: list[Annotated[str, AfterValidator(_module)]] = []
-    cli: list[CliCheck] = []
+    cli: list[Annotated[CliCheck, BeforeValidator(_cli_shape, json_schema_input_type=CliCheck)]] = []
     kernel: StrictBool = False
     collectives: Optional[Collectives] = None
     dtensor: Optional[DTensorCheck] = None

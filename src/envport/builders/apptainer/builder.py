@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -46,7 +45,6 @@ from envport.builders.apptainer import bootstrap as boot
 from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
 from envport.builders.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
 from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
-from envport.core.proc import dies_with_parent
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, write_sif
@@ -377,14 +375,14 @@ class SifBuild:
         comp = self.site.apptainer.compression
         self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)})")
         t = time.monotonic()
-        # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
-        proc = subprocess.run(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
-                               "-no-progress", "-quiet"], capture_output=True, text=True,
-                              preexec_fn=dies_with_parent(signal.SIGKILL))
+        from envport.builders.apptainer.squash_progress import run_mksquashfs
+
+        code, out = run_mksquashfs(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
+                                    "-progress", "-quiet"], self.say)
         self.timings["mksquashfs"] = time.monotonic() - t
-        if proc.returncode != 0:
-            return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {proc.returncode}; no SIF was written",
-                              lines=tail(proc.stdout + proc.stderr))
+        if code != 0:
+            return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
+                              lines=tail(out))
         t = time.monotonic()
         from envport.builders.apptainer import sif_content, sif_record
 

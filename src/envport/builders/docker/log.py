@@ -11,7 +11,7 @@ its step and shows that step's own log.
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -100,6 +100,28 @@ class BuildkitLog(BuildLog):
     """`docker build --progress=plain` output (BuildKit)."""
 
     _summary = False  # inside the closing `------` error block, which repeats log lines
+    # One plan step can write several vertices (a shim file's COPY and its RUN): the step says `done`
+    # once, when its last vertex ends, not once per vertex (`step 6/8 ... done` printed twice).
+    _left: Optional[dict] = None  # plan step number -> its vertices not yet ended
+    _ran: Optional[dict] = None  # plan step number -> the DONE times of its vertices that ran
+
+    def _finish(self, ref: StepRef, took: Optional[str]) -> None:
+        if self._left is None:
+            self._left, self._ran = Counter(r.n for r in self.steps if r is not None), {}
+        self._ran.setdefault(ref.n, [])
+        if took is not None:
+            self._ran[ref.n].append(took)
+        self._left[ref.n] -= 1
+        if self._left[ref.n] > 0:
+            return
+        ran = self._ran[ref.n]
+        if len(ran) == 1:
+            self._say(f"{ref.label()} done ({ran[0]})")
+        elif ran:
+            total = sum(float(t.rstrip("s")) for t in ran if re.fullmatch(r"\d+(\.\d+)?s", t))
+            self._say(f"{ref.label()} done ({total:.1f}s, {len(ran)} instructions)")
+        elif ref.marker in self.cached:
+            self._say(f"{ref.label()} cached")
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")
@@ -128,11 +150,13 @@ class BuildkitLog(BuildLog):
         if rest == "CACHED":
             if ref is not None:
                 self.cached.append(ref.marker)
-                self._say(f"{ref.label()} cached")
+                self._finish(ref, None)
         elif rest.startswith("DONE "):
-            if ref is not None and VERTEX_NAME.match(header) and not header.split("] ", 1)[1].startswith("FROM "):
-                self.built.append(ref.marker)
-                self._say(f"{ref.label()} done ({rest[5:]})")
+            if ref is not None:
+                ran = bool(VERTEX_NAME.match(header)) and not header.split("] ", 1)[1].startswith("FROM ")
+                if ran:
+                    self.built.append(ref.marker)
+                self._finish(ref, rest[5:] if ran else None)
         elif rest.startswith("ERROR"):
             if self.failed is None:
                 self.failed = key
