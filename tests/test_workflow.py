@@ -80,7 +80,7 @@ def test_matrix_refuses_the_pairs_whose_lock_the_site_cannot_serve(project):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED")]
     assert [ln.split()[1] for ln in refused] == [f"demo-cpu-{t}" for t in
-                                                  ("docker", "apptainer", "venv", "conda", "ssh-test")], proc.stdout
+                                                  ("docker", "apptainer", "venv", "conda", "podman", "ssh-test")], proc.stdout
     assert all("[lock_source]" in ln and "torch==2.13.0+cpu" in ln and "https://download.pytorch.org/whl/cpu" in ln
                for ln in refused), refused
     text = (project / WORKFLOW).read_text()
