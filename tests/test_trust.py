@@ -8,7 +8,10 @@ site profile written into the session project (a new file in sites/, nothing els
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -82,47 +85,69 @@ def test_require_signed_without_keys_is_an_invalid_site(tmp_path):
     assert proc.returncode == 2 and "trust" in proc.stderr and "keys" in proc.stderr, fail_with(proc, "inspect")
 
 
+MOUNT_TOOLS = ("mount", "squashfuse", "squashfuse_ll", "apptainer")
+
+
+@dataclass
+class Strict:
+    sif: Path  # an unsigned copy of tiny-sif's SIF
+    site: str  # trusts one fresh key (pub) and requires it
+    key: Path  # its private key
+    tmp: Path  # TMPDIR of the runs: every mount directory is made here
+    marker: Path  # written by the mount tools' wrappers the moment any of them is started
+    env: dict
+
+
 @pytest.fixture
 def strict(tiny_sif, tmp_path):
-    """(SIF copy, site name, private key, TMPDIR for the run): a site that trusts one fresh key and requires it."""
+    """A site requiring a fresh key, and PATH wrappers of every tool a SIF mount or run starts (mount,
+    squashfuse, squashfuse_ll, apptainer): each appends its name to a marker file and execs the real one
+    (no behaviour changes; the marker proves whether a mount was ever attempted, also one later undone)."""
     priv, pub = new_key(tmp_path, "ed25519")
     sif = tmp_path / tiny_sif.path.name
     shutil.copyfile(tiny_sif.path, sif)
     site = write_site(tiny_sif.root, f"strict-{tmp_path.name}"[:60], apptainer={"compression": "lz4"},
                       trust={"keys": [str(pub)], "require_signed": True})
-    tmp = tmp_path / "tmp"
+    tmp, bin_dir, marker = tmp_path / "tmp", tmp_path / "bin", tmp_path / "mount-attempts"
     tmp.mkdir()
-    yield sif, site, priv, tmp
+    bin_dir.mkdir()
+    for tool in MOUNT_TOOLS:
+        real = shutil.which(tool)
+        if real:
+            wrapper = bin_dir / tool
+            wrapper.write_text(f"#!/bin/sh\necho {tool} >> {shlex.quote(str(marker))}\nexec {shlex.quote(real)} \"$@\"\n")
+            wrapper.chmod(0o755)
+    env = sif_env(TMPDIR=str(tmp), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    yield Strict(sif, site, priv, tmp, marker, env)
     (tiny_sif.root / "sites" / f"{site}.yaml").unlink()
 
 
-def witness(tiny_sif, sif: Path, site: str, tmp: Path):
-    return run_envport("witness", tiny_sif.name, "--target", "apptainer", "--sif", str(sif), "--site", site,
-                       root=tiny_sif.root, env=sif_env(TMPDIR=str(tmp)), timeout=SIF_TIMEOUT)
+def witness(tiny_sif, sif: Path, strict: Strict):
+    return run_envport("witness", tiny_sif.name, "--target", "apptainer", "--sif", str(sif), "--site", strict.site,
+                       root=tiny_sif.root, env=strict.env, timeout=SIF_TIMEOUT)
 
 
 def test_require_signed_refuses_an_unsigned_sif_before_it_is_mounted(tiny_sif, strict):
-    sif, site, _, tmp = strict
-    proc = witness(tiny_sif, sif, site, tmp)
+    proc = witness(tiny_sif, strict.sif, strict)
     assert proc.returncode == 3 and "[unsigned]" in proc.stderr, fail_with(proc, "witness")
-    # Every mount is made in a fresh envport-sif-* directory under TMPDIR: none was ever made.
-    assert list(tmp.iterdir()) == [], sorted(p.name for p in tmp.iterdir())
+    assert not strict.marker.exists(), f"a mount tool was started: {strict.marker.read_text()}"
+    assert list(strict.tmp.iterdir()) == [], sorted(p.name for p in strict.tmp.iterdir())
 
 
 def test_require_signed_refuses_a_foreign_signer_and_runs_the_trusted_one(tiny_sif, strict, tmp_path):
-    sif, site, priv, tmp = strict
-    other, _ = new_key(tmp_path / "tmp", "rsa")
+    (tmp_path / "other").mkdir()
+    other, _ = new_key(tmp_path / "other", "rsa")
     foreign = tmp_path / "foreign.sif"
-    shutil.copyfile(sif, foreign)
+    shutil.copyfile(strict.sif, foreign)
     run_envport("sign", str(foreign), "--key", str(other), root=tiny_sif.root, check=True, timeout=300)
-    other.unlink()
-    (tmp / "rsa.pub.pem").unlink()
-    proc = witness(tiny_sif, foreign, site, tmp)
+    proc = witness(tiny_sif, foreign, strict)
     assert proc.returncode == 3 and "[untrusted_signer]" in proc.stderr, fail_with(proc, "witness")
-    assert list(tmp.iterdir()) == []
-    run_envport("sign", str(sif), "--key", str(priv), root=tiny_sif.root, check=True, timeout=300)
-    proc = witness(tiny_sif, sif, site, tmp)
+    assert not strict.marker.exists() and list(strict.tmp.iterdir()) == []
+    run_envport("sign", str(strict.sif), "--key", str(strict.key), root=tiny_sif.root, check=True, timeout=300)
+    proc = witness(tiny_sif, strict.sif, strict)
     assert proc.returncode == 0, fail_with(proc, "witness of the SIF the site's key signed")
+    # The marker works: the admitted run did start a mount tool through the same wrappers.
+    assert strict.marker.read_text().split()[0] in MOUNT_TOOLS
 
 
 @pytest.fixture
