@@ -64,7 +64,8 @@ def run(args) -> int:
     # Every line below may hold text from the file (labels, names, messages quoting them): escaped.
     for line in signature_lines(checked):
         print(shown(line))
-    for step in steps:
+    # The inspect verdict last: the run ends with its one-line verdict (the signatures' step before it).
+    for step in steps[1:] + steps[:1]:
         print(shown(step.line()))
         for ln in step.lines:
             print(f"    | {shown(ln)}")
