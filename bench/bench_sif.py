@@ -1,6 +1,6 @@
 """SIF build, present, witness and compression costs, measured side by side in one run.
 
-    python bench/bench_sif.py [--spec demo-cpu] [--parts build,present,witness] [--project DIR]
+    python bench/bench_sif.py [--spec demo-cpu] [--parts build,present,witness,sign,registry] [--project DIR]
                               [--repeat N] [--sif FILE] [--image TAG] [--json bench/results/sif.json]
 
 (a) `envport build demo-cpu --target apptainer --rebuild` with envport's .def
@@ -20,9 +20,14 @@
     loop mount and, in the same rounds, on squashfuse. The SIF and the docker image are
     built first where they are not present (docker: --target docker), or
     given (--sif, --image: the same env's);
-(d) mksquashfs -comp gzip vs -comp zstd of that rootfs: seconds and MiB.
+(d) mksquashfs -comp gzip vs -comp zstd of that rootfs: seconds and MiB;
+(e) "sign": `envport sign` and `envport verify-sig` of the spec's SIF against `sha256sum` of it (goal
+    <= 1.2x each: signing is hashing), run by bench/bench_sign.py on that SIF;
+(f) "registry": push and pull of that SIF through the test registry against a plain HTTP PUT/GET of
+    the same bytes on loopback (goal <= 1.5x), run by bench/bench_registry.py on it (needs the
+    registry of .ci/services/registry.sh).
 
---parts picks some of (a)+(d) "build", (b) "present", (c) "witness"; the
+--parts picks some of (a)+(d) "build", (b) "present", (c) "witness", (e) "sign", (f) "registry"; the
 results of parts not run are kept from --json's file. Runs in a throwaway
 copy of the project, or in --project DIR (its envs reused: a present SIF
 is not rebuilt unless "build" is asked for). Needs root, the docker engine
@@ -64,7 +69,19 @@ def squash(rootfs: Path, out: Path, comp: str) -> tuple[float, float]:
     return seconds, size
 
 
-PARTS = ("build", "present", "witness")
+PARTS = ("build", "present", "witness", "sign", "registry")
+
+
+def bench_script(script: str, spec: str, root: Path, *args: str) -> dict:
+    """(e) and (f): bench/SCRIPT on the spec's SIF (built where absent), its --json numbers."""
+    _, step = built(spec, "apptainer", root)
+    with tempfile.TemporaryDirectory(prefix="envport-bench-") as tmp:
+        result = Path(tmp) / "out.json"
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / script), "--sif", step["data"]["sif"],
+                               "--json", str(result), *args], text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench/{script} exited {proc.returncode}")
+        return json.loads(result.read_text())
 
 
 def built(spec: str, target: str, root: Path, rebuild: bool = False) -> tuple[float, dict]:
@@ -198,6 +215,16 @@ def report(out: dict, parts: list[str]) -> None:
         print(f"(c) witnesses ({w['runtime']}): SIF median {w['sif_s']:.1f}s {w['sif_runs_s']}, docker median "
               f"{w['docker_s']:.1f}s {w['docker_runs_s']}: {ratio}{minima} (goal <= 1.0x; load "
               f"{w['load_1min_after']})")
+    if "sign" in parts:
+        g = out["sign"]
+        print(f"(e) sign {g['median']['sign']:.2f}s ({g['ratio_to_sha256sum']['sign']:.2f}x sha256sum), verify-sig "
+              f"{g['median']['verify-sig']:.2f}s ({g['ratio_to_sha256sum']['verify-sig']:.2f}x), sha256sum "
+              f"{g['median']['sha256sum']:.2f}s of {g['bytes'] / 2**20:.0f} MiB (goal <= {g['goal']}x)")
+    if "registry" in parts:
+        r = out["registry"]
+        print(f"(f) push {r['push_ratio']:.2f}x a plain HTTP PUT, pull {r['pull_ratio']:.2f}x a plain GET of "
+              f"{r['bytes'] / 2**20:.0f} MiB (goal <= {r['goal']}x; vs curl to the registry: push "
+              f"{r['push_vs_curl']:.2f}x, pull {r['pull_vs_curl']:.2f}x)")
     if "build" in parts:
         c = out["compression"]
         print(f"(d) gzip {c['gzip']['s']:.1f}s {c['gzip']['MiB']:.0f} MiB; zstd {c['zstd']['s']:.1f}s "
@@ -238,6 +265,10 @@ def main() -> int:
             out.update(bench_present(args.spec, root, args.repeat))
         if "witness" in parts:
             out.update(bench_witness(args.spec, root, args.repeat, args.sif, args.image))
+        if "sign" in parts:
+            out["sign"] = bench_script("bench_sign.py", args.spec, root, "--repeat", str(max(args.repeat, 3)))
+        if "registry" in parts:
+            out["registry"] = bench_script("bench_registry.py", args.spec, root, "--runs", str(args.repeat))
     report(out, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")

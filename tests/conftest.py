@@ -1,7 +1,7 @@
 """Fixture registration: real services (docker, slurm, sshd) from tests/services.py, and every shared
 fixture from tests/fixtures.py.  Plain helpers and constants live in tests/support.py.
 
-The service markers (docker, slurm, ssh) are derived here from the fixtures a test uses, so
+The service markers (docker, slurm, ssh, registry) are derived here from the fixtures a test uses, so
 `-m "not docker"` never reaches the engine: hand-written markers drifted from the fixtures
 (11 tests once reached a service their markers did not name).  A hand-written service marker on
 a test that does not use the service's fixture is a collection error, for the same reason.
@@ -44,7 +44,7 @@ def pytest_report_header(config):
 
 # marker -> the session fixture through which every test reaches that service
 # (demo_image, base_image, throwaway_images use docker_client; ssh_venv uses ssh_host).
-SERVICE_FIXTURES = {"docker": "docker_client", "slurm": "slurm", "ssh": "ssh_host"}
+SERVICE_FIXTURES = {"docker": "docker_client", "slurm": "slurm", "ssh": "ssh_host", "registry": "registry"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.report import sbom
+from envport.sif import sbom
 
 from .registry_fixture import SITE, SMALL, small_project, small_sif  # noqa: F401 (fixtures)
 from .support import as_json, fail_with, missing, run_envport
@@ -122,6 +122,42 @@ def test_symlinks_in_the_tree_are_not_followed_out_of_it(tmp_path: Path):
 # --- the SIF object ------------------------------------------------------------------------
 
 
+def test_the_built_sif_carries_its_sbom_read_from_its_content_and_signed_with_it(small_sif, tmp_path: Path):
+    """The builder embeds the SBOM before the SIF gets its name; it is the SBOM `envport sbom FILE.sif` reads
+    from the mounted partition, and a signature made afterwards covers it (a changed byte in it is named)."""
+    from envport.engines.sif import read_sif
+    from envport.sif.keys import load_public_key
+    from envport.sif.verify import check_signatures
+
+    from .test_sif_sign import flip, new_key
+
+    if shutil.which("siftool") is None:
+        missing("siftool (apt-get install siftool)")
+    info = read_sif(small_sif.path)
+    [desc] = [d for d in info.descriptors if d.datatype == sbom.SBOM_DATATYPE]
+    partition = [d for d in info.descriptors if d.datatype == 0x4004][0]
+    assert desc.group == partition.group and desc.name == sbom.SBOM_NAME
+    dumped = subprocess.run(["siftool", "dump", str(desc.id), str(small_sif.path)], capture_output=True,
+                            timeout=60)
+    assert dumped.returncode == 0, dumped
+    embedded = _validate(dumped.stdout.decode())
+    out = tmp_path / "read.cdx.json"
+    run_envport("sbom", str(small_sif.path), "-o", str(out), root=small_sif.root, timeout=300, check=True)
+    read = _validate(out.read_text())
+    assert [c["purl"] for c in embedded["components"]] == [c["purl"] for c in read["components"]]
+    assert ("six", "1.16.0") in _components(embedded, "pypi")
+
+    priv, pub = new_key(tmp_path, "ed25519")
+    copy = tmp_path / small_sif.path.name
+    shutil.copyfile(small_sif.path, copy)
+    run_envport("sign", str(copy), "--key", str(priv), root=small_sif.root, timeout=300, check=True)
+    checked = check_signatures(copy, [load_public_key(pub)])
+    assert checked.ok and desc.id in checked.signatures[0].objects, checked
+    flip(copy, desc.offset + 10)
+    checked = check_signatures(copy, [load_public_key(pub)])
+    assert checked.verdict == "bad_signature" and f"object {desc.id} (SBOM" in "; ".join(checked.problems), checked
+
+
 def test_appended_sbom_object_is_what_siftool_reads(small_sif, tmp_path: Path):
     from envport.engines.sif import read_sif
 
@@ -132,7 +168,7 @@ def test_appended_sbom_object_is_what_siftool_reads(small_sif, tmp_path: Path):
     data = b'{"bomFormat": "CycloneDX"}\n'
     sbom.append_to_sif(copy, data)
     info = read_sif(copy)
-    [desc] = [d for d in info.descriptors if d.datatype == sbom.SBOM_DATATYPE]
+    desc = max((d for d in info.descriptors if d.datatype == sbom.SBOM_DATATYPE), key=lambda d: d.id)
     partition = [d for d in info.descriptors if d.datatype == 0x4004][0]
     assert desc.group == partition.group and desc.name == sbom.SBOM_NAME
     listed = subprocess.run(["siftool", "list", str(copy)], capture_output=True, text=True, timeout=60)
@@ -207,6 +243,15 @@ def test_image_sbom_lists_what_pip_and_dpkg_show_inside_it(small_project, docker
     dpkg = docker_client.containers.run(tag, DPKG_QUERY, remove=True, network_disabled=True).decode()
     assert _components(doc, "pypi") == _pip(pip)
     assert _components(doc, "deb") == _dpkg(dpkg) and len(_dpkg(dpkg)) > 50
+    # The image carries the builder's SBOM at its documented path, the label naming its sha256.
+    import hashlib
+
+    from envport.builders.docker.builder import SBOM_LABEL, SBOM_PATH
+
+    carried = docker_client.containers.run(tag, ["cat", SBOM_PATH], remove=True, network_disabled=True)
+    assert docker_client.images.get(tag).labels[SBOM_LABEL] == hashlib.sha256(carried).hexdigest()
+    embedded = _validate(carried.decode())
+    assert _components(embedded, "pypi") == _pip(pip) and _components(embedded, "deb") == _dpkg(dpkg)
 
 
 def test_venv_sbom_lists_what_its_pip_shows(small_project, tmp_path: Path):

@@ -36,7 +36,7 @@ KNOWN = {
     ("commands/push.py", "run"): "push (helper trust)",
     ("commands/sbom.py", "<module>"): "sbom (helper trust): which built envs have an SBOM",
     ("commands/sbom.py", "_from_name"): "sbom (helper trust)",
-    ("report/sbom.py", "build_bom"): "sbom (helper trust): a container or an application",
+    ("sif/sbom.py", "build_bom"): "sbom (helper trust): a container or an application",
     ("report/doctor.py", "tools"): "doctor (helper house): the binaries it looks for, not targets",
     ("recipe/identity.py", "<module>"): "recipe (below targets/): which plan a target renders",
     ("renderers/__init__.py", "<module>"): "renderers: recipe kinds, not targets (docker, apptainer, shell)",

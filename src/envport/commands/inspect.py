@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
+from envport.commands.verify_sig import signature_lines, verify_step
 from envport.core.untrusted import shown
+from envport.core.verdict import envelope, print_json
 
 
 def register(sub) -> None:
@@ -23,20 +23,26 @@ def register(sub) -> None:
                        "named. Text from the file is printed with non-printable characters escaped. Exit 0 "
                        "matches, 1 not a usable SIF (truncated, corrupt, trailing_bytes, bytes_used_mismatch, "
                        "corrupt_object, not a SIF: the reason token says which), 3 stale, content_mismatch, "
-                       "labels_disagree, risks, foreign architecture or not built by envport.")
+                       "labels_disagree, risks, foreign architecture or not built by envport; with keys (--key, the site's "
+                       "trust.keys) every signature is listed and checked as `envport verify-sig` does: 3 "
+                       "bad_signature (names what changed), untrusted_signer or unsigned. Without keys the "
+                       "signatures are listed, not checked.")
     p.add_argument("sif", metavar="FILE.sif")
     p.add_argument("--spec", default=None, metavar="NAME|PATH",
                    help="compare with this spec (default: the SIF's envport.name label)")
     p.add_argument("--site", default=None,
                    help="site profile whose hash to compare (default: the site the SIF says it was built for, "
                    "when sites/ has it, else local)")
-    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
+                   help="PEM public key to check the signatures against (beside the site's trust.keys); "
+                   "repeatable")
+    p.add_argument("--json", action="store_true", help="print everything as JSON (the envelope of docs/cli.md)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from envport.builders.apptainer.sif_inspect import failure, not_envport, read_report, verdict
-    from envport.core.verdict import exit_code
+    from envport.core.verdict import Verdict, exit_code
 
     path = Path(args.sif)
     report, problem = read_report(path)
@@ -46,18 +52,50 @@ def run(args) -> int:
         result = verdict(report, not_envport(report))
     else:
         result = verdict(report, _compare(args, report))
-    code = exit_code([result])
+    signed, checked = _signatures(args, path)
+    # A file the signature reader cannot read either: the inspect step above already says why.
+    steps = [result] + ([signed] if signed.verdict is not Verdict.FAILED else [])
+    code = exit_code(steps)
     if args.json:
-        json.dump({"command": "inspect", "exit_code": code, "sif": report.facts, "steps": [result.to_dict()]},
-                  sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(envelope("inspect", code, steps, sif=report.facts,
+                            signatures=checked.to_dict() if checked else None))
         return code
     _print_facts(report)
     # Every line below may hold text from the file (labels, names, messages quoting them): escaped.
-    print(shown(result.line()))
-    for ln in result.lines:
-        print(f"    | {shown(ln)}")
+    for line in signature_lines(checked):
+        print(shown(line))
+    # The inspect verdict last: the run ends with its one-line verdict (the signatures' step before it).
+    for step in steps[1:] + steps[:1]:
+        print(shown(step.line()))
+        for ln in step.lines:
+            print(f"    | {shown(ln)}")
     return code
+
+
+def _signatures(args, path: Path):
+    """(StepResult, SignatureReport): the signatures checked against --key and the site's trust.keys
+    (verify_sig.verify_step); without keys, listed and the step skipped: nothing is claimed."""
+    from envport.commands._common import project_root
+    from envport.core.errors import EnvportError
+    from envport.core.verdict import StepResult, Verdict
+    from envport.plan.site import load_site
+    from envport.sif.keys import KeyFileError, load_public_key
+
+    try:
+        root = project_root(args)
+    except EnvportError:
+        root = Path.cwd()  # an admin inspecting outside any project: the local site's defaults
+    files = list(dict.fromkeys([*args.key, *load_site(args.site, root).trust_keys()]))
+    try:
+        keys = [load_public_key(f) for f in files]
+    except KeyFileError as exc:
+        raise EnvportError(str(exc)) from None
+    result, checked = verify_step(path, keys, [])
+    if keys or result.verdict is not Verdict.REFUSED:
+        return result, checked
+    listed = len(checked.signatures) if checked else 0
+    return StepResult(result.step, Verdict.SKIPPED, f"{listed} signature(s) listed, not checked: no key given "
+                      "(--key PUB.pem or the site's trust.keys)"), checked
 
 
 def _compare(args, report):

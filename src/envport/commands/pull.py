@@ -15,11 +15,16 @@ def register(sub) -> None:
                        "so an interrupted or refused pull leaves nothing under the final name. TLS: the site "
                        "profile's registry_ca, else the system's CAs. Credentials: ENVPORT_REGISTRY_USER and "
                        "ENVPORT_REGISTRY_PASSWORD, else the docker config file. Exit 0 pulled, 3 refused "
-                       "(registry_unreachable, not_found, denied, tls_failed, not_a_sif_artifact), 1 failed "
-                       "(digest_mismatch, not_a_sif), 2 usage.")
+                       "(registry_unreachable, not_found, denied, tls_failed, not_a_sif_artifact; unsigned, "
+                       "untrusted_signer under the site's trust.require_signed; bad_signature whenever a key "
+                       "is given), 1 failed (digest_mismatch, not_a_sif), 2 usage. Signatures are checked "
+                       "against --key and the site's trust.keys before the rename (docs/apptainer.md).")
     p.add_argument("ref", metavar="oras://HOST/REPO:TAG")
     p.add_argument("-o", "--output", default=".", metavar="DIR", help="folder to write the SIF into (default: .)")
-    p.add_argument("--site", default=None, help="site profile (default: local): its registry_ca")
+    p.add_argument("--site", default=None, help="site profile (default: local): its registry_ca and trust")
+    p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
+                   help="PEM public key to check the SIF's signatures against (beside the site's trust.keys); "
+                   "repeatable")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=run)
 
@@ -28,13 +33,33 @@ def register(sub) -> None:
 BROKEN = ("digest_mismatch", "not_a_sif")
 
 
-def trust_checks(partial: Path) -> None:
-    """HOOK, called on the complete, digest-checked partial file before it is renamed into place.
+def trust_checks(site, key_files: list[str]):
+    """The check of the complete, digest-checked partial file before it is renamed into place: its signatures
+    against --key and the site's trust.keys (sif/trust.py `judge`). A bad signature is always refused; with
+    the site's trust.require_signed so are [unsigned] and [untrusted_signer]. Raises RegistryError, and the
+    file is removed: nothing appears under the final name. Returns the check and a list it fills with what
+    was found, for the verdict line."""
+    from envport.engines.registry import RegistryError
+    from envport.plan.site import active_trust
+    from envport.sif.trust import judge
 
-    Issue 22 items 1-2 (signatures against the site's trust.keys / --key, `require_signed`) and the
-    security issue's content checks plug in here: raise RegistryError (reason unsigned, untrusted_signer,
-    bad_signature, ...) to refuse the file; it is then removed and nothing appears under the final name.
-    Today nothing beyond the layer digest and the SIF header is checked, and pull says so."""
+    keys = list(dict.fromkeys([str(Path(k).resolve()) for k in key_files] + list(site.trust_keys())))
+    required = active_trust().require_signed
+    found: list[str] = []
+
+    def check(partial: Path) -> None:
+        if not keys:
+            found.append("signatures not checked (no --key, no trust.keys)")
+            return
+        verdict, detail = judge(partial, keys)
+        if verdict == "verified":
+            found.append("signatures verified against " + ", ".join(Path(k).name for k in keys))
+        elif required or verdict not in ("unsigned", "untrusted_signer"):
+            raise RegistryError(verdict, f"the pulled SIF was refused and removed: {detail}" + (
+                " (the site's trust.require_signed)" if required else ""))
+        else:
+            found.append(f"signatures: {verdict} ({detail}); allowed: the site does not set trust.require_signed")
+    return check, found
 
 
 def run(args) -> int:
@@ -57,6 +82,7 @@ def run(args) -> int:
     except EnvportError:
         root = Path.cwd()  # an admin pulling outside any project: the local site's defaults
     site = load_site(args.site, root)
+    check, found = trust_checks(site, args.key)
     step = f"pull {ref}"
     start = time.monotonic()
     shown = [0]
@@ -67,11 +93,11 @@ def run(args) -> int:
             stderr_progress(f"pull {ref}: {done >> 20} of {total >> 20} MiB")
 
     try:
-        out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, check=trust_checks, progress=progress)
+        out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, check=check, progress=progress)
     except registry.RegistryError as exc:
         verdict = Verdict.FAILED if exc.reason in BROKEN else Verdict.REFUSED
         return report([StepResult(step, verdict, str(exc), reason=exc.reason, seconds=time.monotonic() - start)],
                       args.json, command="pull")
     result = StepResult(step, Verdict.OK, f"{out['path']} ({out['size']} bytes, {out['digest']}; checked: layer "
-                        "digest and SIF header; signatures not checked)", seconds=time.monotonic() - start, data=out)
+                        f"digest and SIF header; {'; '.join(found)})", seconds=time.monotonic() - start, data=out)
     return report([result], args.json, command="pull")

@@ -50,7 +50,7 @@ def _from_sif(path: Path, lock, fmt: str):
     from envport.core.verdict import StepResult, Verdict
     from envport.engines.sif import SifError, read_sif, sif_labels
     from envport.engines.sif_run import MountError, mounted
-    from envport.report import sbom
+    from envport.sif import sbom
 
     step = f"sbom {path.name}"
     try:
@@ -78,7 +78,9 @@ def _from_name(args):
     loaded = load_one(args, args.env)
     site = load_site(args.site, root)
     identity = resolve(loaded, site, args.target).identity
-    lock = _lock_fact(loaded, site)
+    from envport.sif.sbom import lock_fact
+
+    lock = lock_fact(loaded, site)
     if args.target == "apptainer":
         from envport.builders.apptainer.builder import sif_path
 
@@ -94,7 +96,7 @@ def _from_name(args):
 
 def _from_venv(loaded, identity, lock, fmt: str):
     from envport.core import layout
-    from envport.report import sbom
+    from envport.sif import sbom
 
     prefix = layout.env_prefix(loaded.spec.name)
     step = f"sbom {identity.ref} (venv)"
@@ -116,7 +118,7 @@ def _from_image(loaded, identity, lock, fmt: str):
     from datetime import datetime
 
     from envport.engines.docker import ExportError, connect, export_rootfs, get_image
-    from envport.report import sbom
+    from envport.sif import sbom
 
     step = f"sbom {identity.image_tag}"
     client, refused = connect(step)
@@ -137,16 +139,6 @@ def _from_image(loaded, identity, lock, fmt: str):
         return _written(step, Path(tmp) / "rootfs", facts, fmt)
 
 
-def _lock_fact(loaded, site):
-    """`specs/x.lock sha256:...` when the build used a lock (the site's `lock` and a lock file), else None."""
-    from envport.plan.lock import lock_path, sha256_file
-
-    path = lock_path(loaded)
-    if not site.lock or not path.is_file():
-        return None
-    return f"specs/{path.name} sha256:{sha256_file(path)}"
-
-
 def _missing(step: str, detail: str, reason: str, fix: str):
     from envport.core.verdict import StepResult, Verdict
     return StepResult(step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"])
@@ -154,7 +146,7 @@ def _missing(step: str, detail: str, reason: str, fix: str):
 
 def _written(step: str, tree: Path, facts, fmt: str, venv=None):
     from envport.core.verdict import StepResult, Verdict
-    from envport.report import sbom
+    from envport.sif import sbom
 
     text, packages = sbom.make_sbom(tree, facts, sbom.CONTAINER_VENV if venv is None else venv, fmt)
     debs = sum(p.kind == "deb" for p in packages)

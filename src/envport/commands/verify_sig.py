@@ -43,12 +43,20 @@ def run(args) -> int:
         code = exit_code([result])
         print_json(envelope("verify-sig", code, [result], signatures=checked.to_dict() if checked else None))
         return code
+    for line in signature_lines(checked):
+        print(line, file=sys.stdout)
+    return report([result], False)
+
+
+def signature_lines(checked) -> list[str]:
+    """One line per signature of a SignatureReport (or None): id, form, hash, what it is linked to, the objects
+    it covers, its signers, its verdict and the key that verified it."""
+    out = []
     for s in checked.signatures if checked else ():
         linked = f"group {s.group}" if s.group is not None else f"object {s.linked_object}"
-        print(f"signature {s.id:<3} {s.form} {s.hash} {linked}, covers {', '.join(map(str, s.objects)) or '-'}, "
-              f"signers {', '.join(s.signers) or '-'}: {s.verdict}" + (f" by {s.by}" if s.by else ""),
-              file=sys.stdout)
-    return report([result], False)
+        out.append(f"signature {s.id:<3} {s.form} {s.hash} {linked}, covers {', '.join(map(str, s.objects)) or '-'}"
+                   f", signers {', '.join(s.signers) or '-'}: {s.verdict}" + (f" by {s.by}" if s.by else ""))
+    return out
 
 
 def verify_step(path: Path, keys: list, keyrings: list[str]):

@@ -31,7 +31,13 @@
   `bwrap --dev-bind / / --ro-bind SRC SRC`: a bind of a read-only mount is
   read-only (and stays so in ch-run's user namespace), as `--bind SRC:DST:ro`
   is for apptainer;
-- apptainer: `apptainer exec --cleanenv [--nv] --bind SRC:DST[:ro] FILE CMD...`.
+- apptainer: `apptainer exec --cleanenv [--nv] --bind SRC:DST[:ro] FILE CMD...`;
+- trust: `admit` is the one gate every mount and run goes through (`partition_offset`, hence `mounted` and
+  the per-task launcher; `apptainer_argv`): with a site's `trust.require_signed` (plan/site.py
+  `active_trust`) a SIF whose signatures do not verify against `trust.keys` is REFUSED (exit 3) before
+  anything is mounted or run. The verifier lives in the sif layer, above this one: sif/trust.py `install`
+  (called by the CLI) puts it here; with no verifier installed a required signature is refused, never
+  assumed.
 """
 
 from __future__ import annotations
@@ -45,11 +51,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from envport.core.errors import ReasonError
+from envport.core.errors import EnvportError, ReasonError
 from envport.core.proc import dies_with_parent
 from envport.engines.sif import primary_partition, read_sif
+from envport.plan.site import active_trust
 
 WITNESS_MOUNT = "/mnt"
 EXEC_ACTION = "/.singularity.d/actions/exec"
@@ -150,7 +157,54 @@ def missing_tools(kind: str) -> list[str]:
     return [f"{t} ({p})" for t, p in DEBIAN_PACKAGES.items() if shutil.which(t) is None]
 
 
+class TrustRefused(EnvportError):
+    """A SIF the site's trust policy refuses (reason unsigned, untrusted_signer or bad_signature); exit 3."""
+
+    exit_code = 3
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"REFUSED [{reason}] {message}")
+        self.reason = reason
+
+
+# (path, verdict, detail) of a check against trusted keys: sif/trust.py `judge`, put here by its `install`.
+Verifier = Callable[[Path, Sequence[str]], tuple[str, str]]
+_verifier: list[Verifier] = []
+# Verdicts already reached this process, by the file's identity and the keys: a witness run mounts once per
+# session but asks at preflight, mount and every task line; a changed file (size, mtime, inode) is asked again.
+_admitted: dict[tuple, tuple[str, str]] = {}
+
+
+def install_verifier(verifier: Verifier) -> None:
+    _verifier[:] = [verifier]
+
+
+def admit(sif: Path) -> None:
+    """Nothing when the site's trust policy lets SIF be mounted and run; else TrustRefused (module docstring)."""
+    policy = active_trust()
+    if not policy.require_signed:
+        return
+    if not _verifier:
+        raise TrustRefused("unsigned", f"{sif}: the site requires signed SIFs (trust.require_signed) and no "
+                           "signature verifier is installed in this process; run it through the envport CLI")
+    try:
+        st = os.stat(sif)
+    except OSError:
+        return  # not there: the reader names it (not_found) where it is opened
+    key = (str(Path(sif).absolute()), st.st_size, st.st_mtime_ns, st.st_ino, policy.keys)
+    if key not in _admitted:
+        _admitted[key] = _verifier[0](Path(sif), policy.keys)
+    verdict, detail = _admitted[key]
+    if verdict != "verified":
+        raise TrustRefused(verdict, f"{sif}: the site requires SIFs signed by a key in trust.keys "
+                           f"(trust.require_signed): {detail}; nothing was mounted or run. fix: sign it "
+                           "(envport sign FILE.sif --key KEY.pem) with a key the site trusts, or check it with "
+                           "envport inspect FILE.sif --key PUB.pem")
+
+
 def partition_offset(sif: Path) -> int:
+    """The primary partition's offset: the start of every mount, so the trust gate (`admit`) is asked first."""
+    admit(sif)
     return primary_partition(read_sif(sif)).offset
 
 
@@ -304,6 +358,7 @@ def ch_run_argv(mnt: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
 
 def apptainer_argv(sif: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
                    binds: Sequence[tuple[str, str, bool]] = (), nv: bool = False) -> list[str]:
+    admit(Path(sif))
     out = [apptainer() or "apptainer", "exec", "--cleanenv"] + (["--nv"] if nv else [])
     for src, dst, ro in binds:
         out += ["--bind", f"{src}:{dst}" + (":ro" if ro else "")]

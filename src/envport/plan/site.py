@@ -15,9 +15,9 @@ import os
 import re
 import ssl
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, NamedTuple, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from envport.core import secrets
 from envport.core.errors import EnvportError, Problem, SpecError
@@ -96,6 +96,37 @@ class ApptainerDirs(_Model):
         return path if path.is_absolute() else root / path
 
 
+class Trust(_Model):
+    keys: list[Line] = Field(default=[], description="PEM public keys (PUBLIC KEY or RSA PUBLIC KEY) whose "
+                             "signatures this place trusts, relative to the site file's folder or absolute; "
+                             "`envport inspect` checks every SIF's signatures against them")
+    require_signed: bool = Field(default=False, description="refuse [unsigned] or [untrusted_signer] (or "
+                                 "[bad_signature]) before a SIF is mounted or run by verify, witness, slurm "
+                                 "submit and up, and before `envport pull` names the file; needs keys")
+
+    @model_validator(mode="after")
+    def _keys_for_required(self):
+        if self.require_signed and not self.keys:
+            raise ValueError("require_signed: true needs the keys to trust: list PEM public key files under "
+                             "trust.keys")
+        return self
+
+
+class TrustPolicy(NamedTuple):
+    """The trust every site loaded in this process asked for (`active_trust`)."""
+    require_signed: bool
+    keys: tuple[str, ...]  # absolute paths of PEM public keys
+
+
+# Once a site asks for signed SIFs this process keeps asking (a later site cannot loosen it): one policy for
+# every SIF mount and run (engines/sif_run.py `admit`), however many profiles a command reads.
+_active: dict = {"require_signed": False, "keys": ()}
+
+
+def active_trust() -> TrustPolicy:
+    return TrustPolicy(_active["require_signed"], tuple(_active["keys"]))
+
+
 class Site(_Model):
     name: Line
     description: Line = ""
@@ -111,6 +142,7 @@ class Site(_Model):
     registry_ca: Optional[str] = Field(default=None, description="CA bundle (PEM) trusted for TLS to the OCI "
                                        "registries of `envport push`/`pull`, instead of the system's")
     hosts: dict[Line, SshHost] = {}
+    trust: Trust = Trust()
     apptainer: ApptainerDirs = ApptainerDirs()
     ledger_dir: Optional[Line] = Field(default=None, description="where this place keeps envport's ledgers "
                                       "(default: $XDG_STATE_HOME/envport); $ENVPORT_STATE_DIR overrides it")
@@ -133,6 +165,12 @@ class Site(_Model):
         if not self.ca_bundle:
             return b""
         return ca_certificates(self.ca_bundle, self._source or f"site {self.name}")
+
+    def trust_keys(self) -> list[str]:
+        """trust.keys as absolute paths: relative ones from the site file's folder (the project root's
+        sites/ for a named profile), so a key beside the profile is found from any working directory."""
+        base = Path(self._source).parent if self._source else Path.cwd()
+        return [str(k if k.is_absolute() else (base / k).resolve()) for k in map(Path, self.trust.keys)]
 
     def bytecode_mode(self) -> str:
         """`build` or `first-import`: the profile's choice, else its installer's own default."""
@@ -160,6 +198,9 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
     # A token in a pip URL (https://user:TOKEN@host/simple) is a configured secret: never printed.
     secrets.register(secrets.url_password(u) for u in (site.pip.index_url, *site.pip.extra_index_urls,
                                                        *site.pip.find_links))
+    if site.trust.require_signed:
+        _active["require_signed"] = True
+    _active["keys"] = tuple(dict.fromkeys((*_active["keys"], *site.trust_keys())))
     return site
 
 

@@ -21,15 +21,20 @@ from pathlib import Path
 from typing import Optional
 
 from envport.core.verdict import StepResult, Verdict
-from envport.engines import podman as engine
 from envport.targets.base import PRESENT, SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
-from envport.witness.launchers.docker import DockerLauncher
 
 NAME = "podman"
 RECIPE = "docker"  # the Dockerfile docker builds, byte for byte: one identity, one plan
 # Rootless podman here has no /dev/mqueue for --ipc host (measured: "statfs /dev/mqueue: no such file or
 # directory"); the ranks' tensors go through a private /dev/shm of this size instead.
 WITNESS_SHM = "2g"
+
+
+def _engine():
+    # Imported when a podman operation runs, never at `--help` (tests/test_cli.py: help imports no engine).
+    from envport.engines import podman
+
+    return podman
 
 
 def _resolve(loaded, site):
@@ -45,7 +50,7 @@ def _present(resolved, found: Optional[dict]) -> Optional[StepResult]:
         return None
     latest = f"{repo(resolved.identity.name)}:latest"
     if latest not in found["tags"]:
-        engine.tag(found["id"], latest)
+        _engine().tag(found["id"], latest)
     return _present_result(resolved.identity.image_tag, found["id"], found["size"])
 
 
@@ -53,7 +58,7 @@ def _base(plan) -> StepResult:
     from envport.plan.steps import BaseStep
 
     base = next(s.image for s in plan.steps if isinstance(s, BaseStep))
-    if engine.image(base) is not None:
+    if _engine().image(base) is not None:
         return StepResult(f"base {base}", Verdict.PRESENT, "local")
     return StepResult(f"base {base}", Verdict.REFUSED,
                       f"base image {base} is not in this user's podman storage; copy it from the docker engine: "
@@ -115,7 +120,7 @@ def _build_image(req: BuildRequest, resolved, previous: Optional[dict]) -> StepR
             req.progress(f"envport: [podman] building {tag} (podman build, rootless, network {site.network}"
                          f"{', no cache' if req.no_cache else ''})")
             iid = (work / "iid").absolute()  # podman resolves a relative --iidfile in the context
-            rc = engine.build([*argv, "--iidfile", str(iid), "."], context, log.feed)
+            rc = _engine().build([*argv, "--iidfile", str(iid), "."], context, log.feed)
             image_id = iid.read_text().strip().removeprefix("sha256:") if rc == 0 and iid.is_file() else ""
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -123,20 +128,20 @@ def _build_image(req: BuildRequest, resolved, previous: Optional[dict]) -> StepR
     if not image_id:
         return StepResult(step, Verdict.FAILED, f"podman build exited {rc}; no tag was written",
                           lines=log.lines[-20:], seconds=seconds, data={"image": tag, "builder": NAME})
-    built = engine.image(image_id)
+    built = _engine().image(image_id)
     if built is None or built["labels"].get("envport.hash") != hash_:
         return StepResult(step, Verdict.FAILED, f"built image {image_id[:12]} lacks envport.hash={hash_[:12]}",
                           seconds=seconds)
     python = next(s.venv for s in plan.steps if s.kind == "python") + "/bin/python"
     if pins.pins(plan):
         req.progress(f"envport: [podman] pin check in {image_id[:12]}")
-        ran = engine.run_in_image(image_id, pins.probe_argv(python))
+        ran = _engine().run_in_image(image_id, pins.probe_argv(python))
         failed = _pin_verdict(step, plan, image_id, ran)
         if failed is not None:
             return dataclasses.replace(failed, seconds=seconds, data={"image": tag, "image_id": image_id})
-    engine.tag(image_id, tag, f"envport/{name}:latest")
+    _engine().tag(image_id, tag, f"envport/{name}:latest")
     if previous is not None and previous["id"] != image_id:
-        engine.remove_image(previous["id"])
+        _engine().remove_image(previous["id"])
     return StepResult(step, Verdict.OK, f"{image_id[:19]} ({_size(built['size'])}; {log.steps} podman step(s))",
                       seconds=seconds, data={"image": tag, "image_id": image_id, "size": built["size"],
                                              "builder": NAME})
@@ -157,10 +162,10 @@ def _pin_verdict(step: str, plan, image_id: str, ran) -> Optional[StepResult]:
 
 def build(req: BuildRequest) -> list[StepResult]:
     resolved = _resolve(req.loaded, req.site)
-    refused = engine.problem(f"image {resolved.identity.image_tag}")
+    refused = _engine().problem(f"image {resolved.identity.image_tag}")
     if refused is not None:
         return [refused]
-    previous = engine.image(resolved.identity.image_tag)
+    previous = _engine().image(resolved.identity.image_tag)
     present = None if req.rebuild else _present(resolved, previous)
     if present is not None:
         return [present]
@@ -197,10 +202,10 @@ def verify(req: VerifyRequest) -> StepResult:
     spec, identity = req.loaded.spec, _resolve(req.loaded, req.site).identity
     ref = req.image or identity.image_tag
     step = f"verify {spec.name}@{identity.hash[:12]} ({NAME} {ref})"
-    refused = engine.problem(step)
+    refused = _engine().problem(step)
     if refused is not None:
         return refused
-    img = engine.image(ref)
+    img = _engine().image(ref)
     if img is None:
         return StepResult(step, Verdict.REFUSED, f"image {ref} is not in this user's podman storage; build it: "
                           f"`envport build {spec.name} --target podman`", reason="image_missing")
@@ -220,7 +225,7 @@ def verify(req: VerifyRequest) -> StepResult:
     with sigterm_interrupts():
         try:
             req.progress(f"envport: [verify] starting {name} from {ref} (podman, network {req.site.network})")
-            started = engine.start(img["id"], name, req.site.network,
+            started = _engine().start(img["id"], name, req.site.network,
                                    weights.existing_mounts(spec, weights.weights_root()), {VERIFY_LABEL: spec.name})
             if not started.ok:
                 return StepResult(step, Verdict.FAILED, f"podman could not start {name}",
@@ -229,7 +234,7 @@ def verify(req: VerifyRequest) -> StepResult:
                 code = pytest.main(_pytest_args(req.root, req.loaded.path, [f"--hosts=podman://{name}"], junit,
                                                 Path(tmp)), plugins=[plugin])
         finally:
-            engine.remove_container(name)
+            _engine().remove_container(name)
     verdict, lines, summary = outcome(code, plugin.results, out.getvalue())
     junit_shown = shown_path(junit, req.root)
     return StepResult(step, verdict, f"{summary}; junit {junit_shown}", lines=lines,
@@ -237,24 +242,6 @@ def verify(req: VerifyRequest) -> StepResult:
                       data={"image": ref, "image_id": img["id"], "size": img["size"], "junit": junit_shown,
                             "image_hash": img["labels"].get("envport.hash"), "checks": plugin.results})
 
-
-class PodmanLauncher(DockerLauncher):
-    """`podman run` with the docker launcher's options (podman takes them as docker does), a private
-    /dev/shm instead of --ipc host, and podman's own preflight."""
-
-    name = NAME
-
-    def preflight(self) -> Optional[StepResult]:
-        refused = engine.problem("launcher")
-        if refused is not None:
-            return refused
-        if engine.image(self.image) is None:
-            return StepResult("launcher", Verdict.REFUSED, f"image {self.image} is not in this user's podman "
-                              "storage", reason="image_missing", lines=[f"fix: {self.missing_fix}"])
-        return None
-
-    def describe(self) -> str:
-        return f"podman {self.image}"
 
 
 class Podman(Target):
@@ -275,24 +262,24 @@ class Podman(Target):
     def runtime_findings(self, ctx) -> list:
         from envport.builders.preflight import Finding
 
-        refused = engine.problem("runtime")
+        refused = _engine().problem("runtime")
         if refused is None:
             return []
         return [Finding(refused.reason, refused.detail.split("; ")[0], refused.detail.split("; ", 1)[-1])]
 
     def needs(self, req: NeedsRequest) -> list[Need]:
-        refused = engine.problem("podman")
+        refused = _engine().problem("podman")
         if refused is not None:
             detail, _, fix = refused.detail.partition("; ")
             return [Need("podman engine", False, detail, refused.reason, fix)]
-        data, _ = engine.info()
+        data, _ = _engine().info()
         base = _base(_resolve(req.loaded, req.site).plan)
         detail, _, fix = base.detail.partition("; ")
-        return [Need("podman engine", True, engine.mode(data or {})),
+        return [Need("podman engine", True, _engine().mode(data or {})),
                 Need(base.step.replace("base ", "base image ", 1), base.verdict.ok, detail, base.reason, fix)]
 
     def parity_unavailable(self) -> Optional[str]:
-        refused = engine.problem("podman")
+        refused = _engine().problem("podman")
         return None if refused is None else f"{refused.reason}: {refused.detail}"
 
     def build(self, req: BuildRequest):
@@ -306,14 +293,16 @@ class Podman(Target):
 
         spec = req.loaded.spec
         image = req.image or req.identity.image_tag
+        from envport.witness.launchers.podman import PodmanLauncher
+
         launcher = PodmanLauncher(image, python=req.python or "python3", gpus=False, shm_size=WITNESS_SHM,
-                                  docker=engine.podman(), name_prefix="envport-witness",
+                                  docker=_engine().podman(), name_prefix="envport-witness",
                                   missing_fix=f"envport build {spec.name} --target podman, or pass --image TAG",
                                   mounts=weights.existing_mounts(spec, weights.weights_root()))
         return launcher, {"image": image, "engine": NAME}
 
     def probe(self, run, where, names, site=None, host=None):
-        return run([engine.podman(), "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])
+        return run([_engine().podman(), "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])
 
 
 TARGET = Podman()

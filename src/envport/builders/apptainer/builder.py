@@ -388,17 +388,37 @@ class SifBuild:
 
         sqfs_size = squashfs.stat().st_size
         digest = sif_content.partition_sha256(str(squashfs), 0, sqfs_size)
-        info = write_sif(self.sif, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
-                         squashfs_path=squashfs, created=self.created,
-                         uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
-                         arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),))
+        # The SBOM goes in before the SIF gets its name (a build cut short leaves no SIF without one) and
+        # before any signature (`build --sign` signs after this step): the signature covers it.
+        partial = self.sif.with_name(f".{self.sif.name}.partial")
+        write_sif(partial, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
+                  squashfs_path=squashfs, created=self.created,
+                  uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
+                  arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),))
+        try:
+            packages = self._embed_sbom(partial, rootfs)
+            os.replace(partial, self.sif)
+        finally:
+            partial.unlink(missing_ok=True)
+        info = read_sif(self.sif)
         sif_record.write(str(self.sif), hash_, digest, sif_content.layout(info))
         self.timings["assemble"] = time.monotonic() - t
         return StepResult(self.step, Verdict.OK, f"{self.sif} ({_size(info.file_size)}, squashfs {comp})",
                           data={"sif": str(self.sif), "size": info.file_size, "route": "envport",
                                 "compression": comp, "base": base.source, "partition_sha256": digest,
-                                "setid_cleared": cleared, "devices_removed": removed,
+                                "setid_cleared": cleared, "devices_removed": removed, "sbom_components": packages,
                                 "ignored_labels": list(finished.ignored_labels)})
+
+    def _embed_sbom(self, sif: Path, rootfs: Path) -> int:
+        """Append the CycloneDX SBOM of ROOTFS (what the partition holds) to SIF; the number of components."""
+        from envport.sif import sbom
+
+        facts = sbom.EnvFacts(self.loaded.spec.name, self.resolved.hash, "apptainer",
+                              lock=sbom.lock_fact(self.loaded, self.site), created=sbom.timestamp(self.created))
+        text, packages = sbom.make_sbom(rootfs, facts)
+        sbom.append_to_sif(sif, text.encode("utf-8"), when=self.created)
+        self.say(f"SBOM: {len(packages)} components (CycloneDX, SIF object {sbom.SBOM_NAME})")
+        return len(packages)
 
     def _spec_json(self, base: boot.Base, digest: str, size: int) -> bytes:
         # The partition's sha256 lets `inspect` tell a damaged copy from its build (a forger can rewrite it

@@ -12,7 +12,9 @@ Order of checks, each cheap before anything expensive:
    /usr/bin/docker 20.10 with DOCKER_BUILDKIT=1; probed once), else the
    docker SDK's legacy builder.  A site that installs from the wheelhouse
    needs BuildKit (`RUN --mount`): without it the build is REFUSED
-   `no_buildkit` with the fix, rather than copying the wheels into the image.
+   `no_buildkit` with the fix, rather than copying the wheels into the image;
+6. the SBOM: the built image's filesystem exported and read (sif/sbom.py), the CycloneDX file added in
+   one layer at SBOM_PATH with the label SBOM_LABEL naming its sha256 (docs/registry.md).
 
 The build gets no tag at all (`--iidfile`); only a successful build is tagged,
 so a killed build leaves no tag and a re-run continues from the engine's
@@ -44,6 +46,9 @@ from envport.builders.docker.log import BuildkitLog, LegacyLog, StepRef, instruc
 from envport.builders.pins import check_image as pin_check
 
 TARGET = "docker"
+# Where every image envport builds carries its CycloneDX SBOM, and the label naming that file's sha256.
+SBOM_PATH = "/opt/envport/sbom.cdx.json"
+SBOM_LABEL = "envport.sbom.sha256"
 
 
 def repo(name: str) -> str:
@@ -268,6 +273,8 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
     if failed is not None:
         return dataclasses.replace(failed, seconds=seconds,
                                    data={"image": tag, "image_id": image.id, "builder": builder})
+    progress(f"envport: [docker] SBOM of {image.id[:19]} into {SBOM_PATH}")
+    image, components = _with_sbom(client, image, loaded, site, hash_)
     _tag(client, image, name, hash_, previous)
     size = image.attrs.get("Size", 0)
     return StepResult(step, Verdict.OK,
@@ -277,7 +284,40 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
                       data={"image": tag, "image_id": image.id, "size": size,
                             "built_steps": list(dict.fromkeys(log.built)),
                             "cached_steps": list(dict.fromkeys(log.cached)), "builder": builder,
+                            "sbom_components": components, "sbom_sha256": image.labels.get(SBOM_LABEL),
                             "total_seconds": round(time.monotonic() - start, 3)})
+
+
+def _with_sbom(client, image, loaded: Loaded, site: Site, hash_: str):
+    """(IMAGE plus one layer holding its CycloneDX SBOM at SBOM_PATH and the label SBOM_LABEL = the file's
+    sha256, component count). The SBOM is read from IMAGE's exported filesystem (what it holds, as `envport
+    sbom --target docker` reads it); the layer is built FROM the image's id, so its config is kept."""
+    import hashlib
+    import io
+    import tarfile
+    import tempfile
+    from datetime import datetime
+
+    from envport.engines.docker import export_rootfs
+    from envport.sif import sbom
+
+    created = datetime.fromisoformat(image.attrs["Created"][:19] + "+00:00")
+    facts = sbom.EnvFacts(loaded.spec.name, hash_, TARGET, lock=sbom.lock_fact(loaded, site), created=created)
+    with tempfile.TemporaryDirectory(prefix="envport-sbom-") as tmp:
+        export_rootfs(image.id, Path(tmp) / "rootfs")
+        text, packages = sbom.make_sbom(Path(tmp) / "rootfs", facts)
+    data = text.encode("utf-8")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, body in (("Dockerfile", f"FROM {image.id}\nCOPY {sbom.SBOM_NAME} {SBOM_PATH}\n".encode()),
+                           (sbom.SBOM_NAME, data)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(body), int(created.timestamp()), 0o644
+            tar.addfile(info, io.BytesIO(body))
+    buf.seek(0)
+    built, _ = client.images.build(fileobj=buf, custom_context=True, rm=True, network_mode="none",
+                                   labels={SBOM_LABEL: hashlib.sha256(data).hexdigest()})
+    return built, len(packages)
 
 
 def _tag(client, image, name: str, hash_: str, previous) -> None:

@@ -42,7 +42,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 from envport.core.proc import sigterm_interrupts
 from envport.core.verdict import StepResult, Verdict
 from envport.engines import sif_run
-from envport.engines.sif import SifError, primary_partition, read_sif
+from envport.engines.sif import SifError
 from envport.witness.launchers.base import WITNESS_DIR, Invocation, Launcher
 
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -106,7 +106,7 @@ class SifLauncher(Launcher):
 
     def offset(self) -> int:
         if self._offset is None:
-            self._offset = primary_partition(read_sif(self.sif)).offset
+            self._offset = sif_run.partition_offset(self.sif)  # asks the trust gate (sif_run.admit) first
         return self._offset
 
     @contextlib.contextmanager

@@ -302,6 +302,16 @@ def make_sbom(tree: Path, facts: EnvFacts, venv: Optional[tuple[str, ...]] = CON
     return text, packages
 
 
+def lock_fact(loaded, site) -> Optional[str]:
+    """`specs/x.lock sha256:...` when the build used a lock (the site's `lock` and a lock file), else None."""
+    from envport.plan.lock import lock_path, sha256_file
+
+    path = lock_path(loaded)
+    if not site.lock or not path.is_file():
+        return None
+    return f"specs/{path.name} sha256:{sha256_file(path)}"
+
+
 def timestamp(seconds: float) -> datetime:
     return datetime.fromtimestamp(int(seconds), tz=timezone.utc)
 
@@ -316,13 +326,15 @@ def sif_object(data: bytes) -> tuple[int, bytes, str]:
     return SBOM_DATATYPE, SBOM_EXTRA.pack(SBOM_FORMAT_CYCLONEDX_JSON), SBOM_NAME
 
 
-def append_to_sif(path: Path, data: bytes) -> None:
+def append_to_sif(path: Path, data: bytes, when: Optional[int] = None) -> None:
     """Append DATA as the SBOM object of the SIF at PATH, in the primary partition's group.
 
     In place: the object goes after the last byte, then its descriptor into the first free slot, then the
     header (free slots, data size, modified time) last, each fsynced, so an interrupted append leaves at
     worst unreferenced bytes at the end. Must run before signing: a signature covers the group's objects.
-    (The SIF builder is to call this between write_sif and signing; not wired in yet.)"""
+    WHEN: the object's and header's modified time (default now; the builder passes the SIF's created time, so
+    the same build gives the same bytes). builders/apptainer/builder.py calls it between write_sif and
+    signing."""
     import time
     from envport.engines.sif import (DESCRIPTOR, GROUP_MASK, HEADER, SifError, primary_partition, read_sif)
 
@@ -333,7 +345,7 @@ def append_to_sif(path: Path, data: bytes) -> None:
     datatype, extra, name = sif_object(data)
     used = {d.id for d in info.descriptors}
     new_id = max(used) + 1
-    now = int(time.time())
+    now = int(time.time()) if when is None else int(when)
     with open(path, "r+b") as fh:
         head = HEADER.unpack(fh.read(HEADER.size))
         fh.seek(head[9])
