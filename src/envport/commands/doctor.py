@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from envport.core.verdict import EXIT_OK, EXIT_REFUSED
+from envport.core.verdict import EXIT_OK, EXIT_REFUSED, envelope, print_json
 
 
 def register(sub) -> None:
@@ -55,9 +55,7 @@ def run(args) -> int:
         print(f"wrote {path}", file=sys.stderr)
     if args.json:
         code = EXIT_REFUSED if report.get("env") and report["env"].get("ok") is False else EXIT_OK
-        json.dump({"command": "doctor", "exit_code": code, "steps": [], "problems": [], **report},
-                  sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(envelope("doctor", code, **report))
     else:
         sys.stdout.write(render_text(report))
     if report.get("env") and report["env"].get("ok") is False:
