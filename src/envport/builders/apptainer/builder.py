@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Optional
@@ -46,7 +45,7 @@ from envport.builders.apptainer import bootstrap as boot
 from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
 from envport.builders.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
 from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
-from envport.core.proc import dies_with_parent
+from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, write_sif
@@ -319,12 +318,12 @@ class SifBuild:
         t = time.monotonic()
         argv = bwrap_argv(shutil.which("bwrap") or "bwrap", rootfs.absolute())[:-3] + \
             pins.probe_argv(f"{CONTAINER_VENV}/bin/python")
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=600)
+        proc = run(argv, cwd="/", timeout=600)
         self.timings["pin_check"] = time.monotonic() - t
-        if proc.returncode != 0:
+        if not proc.ok:
             return StepResult(self.step, Verdict.FAILED, f"the pin check could not run in the rootfs (exit "
                               f"{proc.returncode}); no SIF was written", reason="pin_check_failed",
-                              lines=tail(proc.stdout + proc.stderr, 20))
+                              lines=tail(proc.text, 20))
         try:
             installed = pins.parse_probe(proc.stdout)
         except ValueError as exc:
@@ -378,13 +377,13 @@ class SifBuild:
         self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)})")
         t = time.monotonic()
         # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
-        proc = subprocess.run(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
-                               "-no-progress", "-quiet"], capture_output=True, text=True,
-                              preexec_fn=dies_with_parent(signal.SIGKILL))
+        # No timeout: the rootfs's size bounds it, not envport.
+        proc = run(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp, "-no-progress", "-quiet"],
+                   timeout=None, dies_with=signal.SIGKILL)
         self.timings["mksquashfs"] = time.monotonic() - t
-        if proc.returncode != 0:
+        if not proc.ok:
             return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {proc.returncode}; no SIF was written",
-                              lines=tail(proc.stdout + proc.stderr))
+                              lines=tail(proc.text))
         t = time.monotonic()
         from envport.builders.apptainer import sif_content, sif_record
 
@@ -453,7 +452,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 
 def _tree_size(root: Path) -> str:
-    proc = subprocess.run(["du", "-sx", "--block-size=1", str(root)], capture_output=True, text=True)
+    proc = run(["du", "-sx", "--block-size=1", str(root)], timeout=600)  # a size for the progress line only
     m = re.match(r"(\d+)", proc.stdout)
     return _size(int(m.group(1))) if m else "size unknown"
 
