@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from envport.core.files import write_atomic
 from envport.core.verdict import EXIT_OK, EXIT_REFUSED, envelope, print_json
 
 
@@ -50,8 +51,7 @@ def run(args) -> int:
     report = collect(python=args.python, workdir=workdir, probe_torch=not args.no_torch, spec=spec)
     if args.write_docs:
         path = Path(root) / "docs" / "infra.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_infra_md(report, Path(root)), encoding="utf-8")
+        write_atomic(path, render_infra_md(report, Path(root)))
         print(f"wrote {path}", file=sys.stderr)
     if args.json:
         code = EXIT_REFUSED if report.get("env") and report["env"].get("ok") is False else EXIT_OK
