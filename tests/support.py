@@ -23,6 +23,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 PROJECT_DIRS = ("specs", "images", "docs", "sites", "slurm")
 ENV_NAME = "demo-cpu"
+# This interpreter's "X.Y": a spec with it builds from this machine's python, no download of another.
+PY = "%d.%d" % sys.version_info[:2]
 BUILD_TIMEOUT = 900
 
 LOCAL_ENVS_DIR = os.environ.get("ENVPORT_TEST_ENVS_DIR", "/var/tmp/envport-test-envs")
@@ -202,7 +205,7 @@ def needs_bwrap() -> None:
 # --- an interpreter with torch for the witness tests --------------------------------------
 #
 # The one source of torch for the tests: the pinned CPU wheel torch==2.13.0 in TORCH_WHEELS
-# (/opt/wheels on this machine, RECIPES.md "torch"; ENVPORT_TORCH_WHEELS elsewhere), named on
+# (ENVPORT_TORCH_WHEELS, else the default TORCH_WHEELS below), named on
 # pip's command line rather than trusted to the machine's pip config. It goes into a venv under
 # .cache/witness-venv (gitignored), created once (~30 s); this interpreter is used instead when it
 # already has that torch. Never an unpinned torch: a resolver would pull a multi-GB CUDA build.
@@ -272,3 +275,14 @@ BEGIN_LINE = re.compile(r"^slurm: job (\d+): begin dist world 2$")
 def begun_job(err_lines: list[str]) -> str:
     """The job id from `envport slurm submit`'s stderr once the dist witness has begun, else ""."""
     return next((m.group(1) for m in map(BEGIN_LINE.match, map(str.rstrip, list(err_lines))) if m), "")
+
+
+def wait_until(what: str, cond, proc=None, timeout: float = 180):
+    """Poll COND (every 0.2 s, bounded by TIMEOUT) until it returns something truthy, and return that; a
+    test waits for an event this way, never by a fixed sleep. PROC (a Popen): fail at once if it ends first."""
+    deadline = time.monotonic() + timeout
+    while not (got := cond()):
+        assert proc is None or proc.poll() is None, f"the process ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f}s"
+        time.sleep(0.2)
+    return got

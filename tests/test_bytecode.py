@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,9 @@ from envport.plan.site import Site
 from envport.recipe.identity import content_hash, resolve
 from envport.recipe.render import render_plan
 from envport.spec.loader import load_spec
-from tests.support import cli_env, fail_with, run_envport, write_site, write_spec
-from tests.test_lock import local_phase, make_wheel
+from tests.support import PY, cli_env, fail_with, run_envport, write_site, write_spec
+from tests.tinywheels import local_phase, make_wheel
 
-PY = "%d.%d" % sys.version_info[:2]
 # target -> (the renderer, the recipe file it writes)
 RECIPES = {"docker": ("docker", "Dockerfile"), "apptainer": ("apptainer", "tiny.def"),
            "venv": ("shell", "setup-venv.sh")}
@@ -41,7 +39,7 @@ OTHER_FLAGS = ("--no-compile", "--compile-bytecode")
 def tiny(tmp_path):
     for d in ("specs", "sites"):
         (tmp_path / d).mkdir()
-    make_wheel(tmp_path / "wheels", "envport-ta", "1.0", {"envport_ta/__init__.py": "A = 1\n"})
+    make_wheel(tmp_path / "wheels", "envport-ta", "1.0", files={"envport_ta/__init__.py": "A = 1\n"})
     write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-ta==1.0")])
     return tmp_path
 

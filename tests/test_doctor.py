@@ -180,7 +180,7 @@ def test_write_docs_with_na_memory(tmp_path, project):
 def test_torch_sees_a_gpu_nvidia_smi_does_not(tmp_path, project):
     """A sandbox (gVisor) without nvidia-smi: the GPU torch sees is routed locally.  The torch
     probe's answer is a fake interpreter printing what torch 2.11.0+cu130 printed on such a host
-    (KINDS.md's H200 reading); no CUDA torch can run here."""
+    (an H200's reading); no CUDA torch can run here."""
     fake = tmp_path / "fake-python"
     rec = {"python": str(fake), "python_version": "3.12.3", "available": True, "version": "2.11.0+cu130",
            "cuda": "13.0", "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"],

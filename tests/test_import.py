@@ -1,4 +1,4 @@
-"""`envport import` scenario files: tests/import/*.txt, one behaviour each (STYLE.md example 6).
+"""`envport import` scenario files: tests/import/*.txt, one behaviour each (as cog's txtar integration tests).
 
 A scenario holds its header (`# args:`, `# exit:`), the recipe (the first
 `-- FILE --` section; later ones are build-context files next to it), the

@@ -6,18 +6,16 @@ here with its sha256.  The venv target is enough to prove build + verify
 (verify's pin checks read the installed version and, for a git commit,
 direct_url.json's commit_id); the builds go to a temporary ENVPORT_ENVS_DIR.
 Building the git project needs setuptools in pip's isolated build env: the
-host's pip configuration supplies it from its local index (RECIPES.md).
+host's pip configuration supplies it from its local index.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -28,9 +26,10 @@ from envport.plan.lock import LockError, load_for, parse, write_text
 from envport.report.parity import parse_freeze
 from envport.spec.model import PipPhase, direct_ref, requirement_warnings
 from envport.spec.loader import load_spec
+from tests.support import PY, run_envport
+from tests.tinywheels import make_wheel
 
 BUILD_TIMEOUT = 600
-PY = "%d.%d" % sys.version_info[:2]
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
 
@@ -48,28 +47,8 @@ def make_git_project(root: Path) -> str:
                           text=True).stdout.strip()
 
 
-def make_wheel(dest_dir: Path, name: str = "tinywheel", version: str = "0.2") -> Path:
-    """A real (minimal) wheel: module, METADATA, WHEEL, RECORD."""
-    files = {f"{name}.py": b"VALUE = 'from a wheel'\n",
-             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                  b"Tag: py3-none-any\n"}
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{name}-{version}.dist-info/RECORD,,")
-    files[f"{name}-{version}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = dest_dir / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    return wheel
-
-
-def envport(*args: str, root: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envport", "-C", str(root), *args], capture_output=True, text=True,
-                          env=env, timeout=BUILD_TIMEOUT)
+def tiny_wheel(dest_dir: Path) -> Path:
+    return make_wheel(dest_dir, "tinywheel", "0.2", files={"tinywheel.py": "VALUE = 'from a wheel'\n"})
 
 
 def test_direct_references_validate_and_a_branch_ref_warns():
@@ -101,7 +80,7 @@ def test_branch_ref_warning_names_the_risk(tmp_path: Path):
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git to make the local repository")
 def test_direct_references_render_build_and_verify(tmp_path: Path):
     sha = make_git_project(tmp_path / "repo")
-    wheel = make_wheel(tmp_path)
+    wheel = tiny_wheel(tmp_path)
     wheel_sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
     git_req = f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{sha}"
     wheel_req = f"tinywheel @ file://{wheel}#sha256={wheel_sha}"
@@ -113,7 +92,7 @@ def test_direct_references_render_build_and_verify(tmp_path: Path):
         f'witnesses:\n  imports: [tinygit, tinywheel]\n')
     env = {**os.environ, "ENVPORT_ENVS_DIR": str(tmp_path / "envs"), "ENVPORT_STATE_DIR": str(tmp_path / "state")}
 
-    render = envport("render", "refs", root=project, env=env)
+    render = run_envport("render", "refs", root=project, env=env)
     assert render.returncode == 0, render.stdout + render.stderr
     images = project / "images" / "refs"
     for recipe in ("Dockerfile", "refs.def", "setup-venv.sh", "setup-conda.sh"):
@@ -122,9 +101,9 @@ def test_direct_references_render_build_and_verify(tmp_path: Path):
         assert f"'{git_req}'" in text, recipe
         assert f"'{wheel_req}'" in text, recipe
 
-    build = envport("build", "refs", "--target", "venv", root=project, env=env)
+    build = run_envport("build", "refs", "--target", "venv", root=project, env=env)
     assert build.returncode == 0, build.stdout + build.stderr
-    verify = envport("verify", "refs", "--target", "venv", root=project, env=env)
+    verify = run_envport("verify", "refs", "--target", "venv", root=project, env=env)
     out = verify.stdout + verify.stderr
     assert verify.returncode == 0, out
     assert f"pip[tinygit@{sha}]" in out, out
@@ -138,7 +117,7 @@ def test_direct_references_render_build_and_verify(tmp_path: Path):
     [python] = [p for p in (tmp_path / "envs").rglob("bin/python") if (p.parent / "pip").exists()]
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
                     f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{other}"], check=True, timeout=BUILD_TIMEOUT)
-    moved = envport("verify", "refs", "--target", "venv", root=project, env=env)
+    moved = run_envport("verify", "refs", "--target", "venv", root=project, env=env)
     out = moved.stdout + moved.stderr
     assert moved.returncode != 0, out
     assert f"tinygit 0.3 was installed from commit {other}, the spec pins {sha}" in out, out
@@ -149,7 +128,7 @@ def test_validate_prints_the_branch_warning_and_passes(tmp_path: Path):
     (tmp_path / "specs" / "b.yaml").write_text(
         'name: b\nbase: debian:bookworm-slim\npython: "3.11"\n'
         'pip_phases:\n  - ["tool @ git+https://github.com/example/tool@main"]\n')
-    proc = envport("validate", "b", root=tmp_path, env=dict(os.environ))
+    proc = run_envport("validate", "b", root=tmp_path, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert "WARNING  " in proc.stderr and "ref 'main' is not a full commit sha" in proc.stderr
 
@@ -160,7 +139,7 @@ def test_lock_of_a_git_reference_is_refused_naming_why(tmp_path: Path):
     # says so, with the fix, before writing anything.
     req = f"tinygit @ git+file://localhost{tmp_path / 'repo'}@{make_git_project(tmp_path / 'repo')}"
     project = _wheel_project(tmp_path, req)
-    proc = envport("lock", "refs", root=project, env={**os.environ, "ENVPORT_STATE_DIR": str(tmp_path / "state")})
+    proc = run_envport("lock", "refs", root=project, env={**os.environ, "ENVPORT_STATE_DIR": str(tmp_path / "state")})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert "REFUSED  lock refs [unlockable]: phase 1: tinygit comes from a VCS checkout" in out, out
@@ -178,11 +157,11 @@ def _wheel_project(tmp_path: Path, req: str) -> Path:
 
 def _locked_wheel_project(tmp_path: Path) -> tuple[Path, Path, str, dict]:
     """A spec whose one phase is `tinywheel @ file:///…whl#sha256=…`, locked: (project, wheel, url, env)."""
-    wheel = make_wheel(tmp_path)
+    wheel = tiny_wheel(tmp_path)
     url = f"file://{wheel}#sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}"
     project = _wheel_project(tmp_path, f"tinywheel @ {url}")
     env = {**os.environ, "ENVPORT_ENVS_DIR": str(tmp_path / "envs"), "ENVPORT_STATE_DIR": str(tmp_path / "state")}
-    proc = envport("lock", "refs", root=project, env=env)
+    proc = run_envport("lock", "refs", root=project, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return project, wheel, url, env
 
@@ -199,16 +178,16 @@ def test_a_wheel_reference_locks_builds_verifies_and_freezes_to_the_lock(tmp_pat
     assert dist.url == url and dist.sha256 == sha
     assert lock.phases[0].requirements_text() == f"tinywheel @ {url} --hash=sha256:{sha}\n"
     assert parse(write_text(lock, "specs/refs.yaml"), project / "specs" / "refs.lock") == lock
-    check = envport("lock", "--check", "refs", root=project, env=env)
+    check = run_envport("lock", "--check", "refs", root=project, env=env)
     assert check.returncode == 0, check.stdout + check.stderr
 
-    build = envport("build", "refs", "--target", "venv", root=project, env=env)
+    build = run_envport("build", "refs", "--target", "venv", root=project, env=env)
     assert build.returncode == 0, build.stdout + build.stderr
     [python] = [p for p in (tmp_path / "envs").rglob("bin/python") if (p.parent / "pip").exists()]
     # Built from the lock: the phase's requirements file in the env is the locked line.
     assert (python.parent.parent / ".envport" / "locks" / "pip-1.txt").read_text() == \
         f"tinywheel @ {url} --hash=sha256:{sha}\n"
-    verify = envport("verify", "refs", "--target", "venv", root=project, env=env)
+    verify = run_envport("verify", "refs", "--target", "venv", root=project, env=env)
     out = verify.stdout + verify.stderr
     assert verify.returncode == 0, out
     assert "pip[tinywheel==0.2]" in out, out
@@ -229,7 +208,7 @@ def test_a_swapped_wheel_at_the_referenced_path_fails_naming_it(tmp_path: Path):
     with zipfile.ZipFile(wheel, "a") as zf:  # same path, same name, other bytes
         zf.writestr("extra.txt", "swapped\n")
     got = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    build = envport("build", "refs", "--target", "venv", root=project, env=env)
+    build = run_envport("build", "refs", "--target", "venv", root=project, env=env)
     out = build.stdout + build.stderr
     assert build.returncode == 1, out
     assert (f"FAILED   build refs (venv) [hash_mismatch]: {wheel.name}: sha256 {got}, the lock says {want}"

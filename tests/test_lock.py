@@ -8,12 +8,9 @@ the spec's python) runs without any network.
 
 from __future__ import annotations
 
-import base64
 import os
 import hashlib
 import json
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,37 +24,8 @@ from envport.plan.site import Site
 from envport.plan.steps import PipStep, make_plan
 from envport.recipe.identity import content_hash
 from envport.spec.loader import load_spec
-from tests.support import cli_env, run_envport, write_spec
-
-PY = "%d.%d" % sys.version_info[:2]
-
-
-def make_wheel(dest: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """A pure-python wheel NAME-VERSION that installs FILES ({path in site-packages: text})."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    meta = {f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-            f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: envport-test\nRoot-Is-Purelib: true\n"
-                                       "Tag: py3-none-any\n"}
-    entries = {**files, **meta}
-    record = []
-    for path, text in entries.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    dest.mkdir(parents=True, exist_ok=True)
-    wheel = dest / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in entries.items():
-            zf.writestr(path, text)
-        zf.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-    return wheel
-
-
-def local_phase(root: Path, *packages: str) -> dict:
-    """A phase served only by ROOT/wheels (its own empty file:// index stands in for PyPI)."""
-    (root / "simple").mkdir(exist_ok=True)
-    return {"packages": list(packages), "index_url": f"file://{root}/simple", "find_links": [str(root / "wheels")]}
-
+from tests.support import PY, cli_env, run_envport, write_spec
+from tests.tinywheels import local_phase, make_wheel
 
 @pytest.fixture
 def tiny(tmp_path):
@@ -65,9 +33,9 @@ def tiny(tmp_path):
     (tmp_path / "specs").mkdir()
     (tmp_path / "sites").mkdir()
     wheels = tmp_path / "wheels"
-    make_wheel(wheels, "envport-ta", "1.0", {"envport_ta/__init__.py": "A = 1\n"})
-    make_wheel(wheels, "envport-tb", "2.0", {"envport_tb/__init__.py": "B = 2\n"})
-    make_wheel(wheels, "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 3\n"})
+    make_wheel(wheels, "envport-ta", "1.0", files={"envport_ta/__init__.py": "A = 1\n"})
+    make_wheel(wheels, "envport-tb", "2.0", files={"envport_tb/__init__.py": "B = 2\n"})
+    make_wheel(wheels, "envport-tc", "3.0", files={"envport_tc/__init__.py": "C = 3\n"})
     write_spec(tmp_path, "tiny", python=PY,
                pip_phases=[local_phase(tmp_path, "envport-ta==1.0", "envport-tb==2.0"),
                            local_phase(tmp_path, "envport-tc==3.0")])
@@ -204,7 +172,7 @@ def test_a_swapped_wheel_in_the_wheelhouse_fails_naming_it_with_both_digests(tin
     assert ensure_wheelhouse(loaded, site, tiny, lambda _: None).verdict is Verdict.PRESENT
 
     victim = lock.phases[1].dists[0]
-    impostor = make_wheel(tiny / "other", "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 'not three'\n"})
+    impostor = make_wheel(tiny / "other", "envport-tc", "3.0", files={"envport_tc/__init__.py": "C = 'not three'\n"})
     (dest / victim.file).write_bytes(impostor.read_bytes())
     swapped = ensure_wheelhouse(loaded, site, tiny, lambda _: None)
     assert swapped.verdict is Verdict.FAILED and swapped.reason == "hash_mismatch"
@@ -245,7 +213,7 @@ def _swap_tc(root: Path) -> tuple[str, str, str]:
     """Replace envport-tc's wheel in the find-links dir by another build of it: (file, locked, found)."""
     lock = load_for(load_spec("tiny", root))
     victim = lock.phases[1].dists[0]
-    impostor = make_wheel(root / "other", "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 'not three'\n"})
+    impostor = make_wheel(root / "other", "envport-tc", "3.0", files={"envport_tc/__init__.py": "C = 'not three'\n"})
     (root / "wheels" / victim.file).write_bytes(impostor.read_bytes())
     return victim.file, victim.sha256, hashlib.sha256(impostor.read_bytes()).hexdigest()
 
@@ -271,7 +239,7 @@ def test_a_docker_build_with_a_swapped_wheel_fails_before_building(tiny, base_im
     assert first.verdict is Verdict.OK, first.lines
     lock = load_for(loaded)
     victim = lock.phases[1].dists[0]
-    impostor = make_wheel(tiny / "other", "envport-tc", "3.0", {"envport_tc/__init__.py": "C = 'not three'\n"})
+    impostor = make_wheel(tiny / "other", "envport-tc", "3.0", files={"envport_tc/__init__.py": "C = 'not three'\n"})
     (tiny / "wh" / "tiny" / victim.file).write_bytes(impostor.read_bytes())
     proc = run_envport("build", "tiny", "--target", "docker", "--site", "wh", root=tiny, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -17,9 +17,9 @@ from envport.core.verdict import Verdict
 from envport.plan.lock import load_for
 from envport.plan.site import Site
 from envport.spec.loader import load_spec
-from tests.support import (BUILD_TIMEOUT, ENV_NAME, as_json, cli_env, fail_with, run_envport, write_site,
+from tests.support import (BUILD_TIMEOUT, ENV_NAME, PY, as_json, cli_env, fail_with, run_envport, write_site,
                            write_spec)
-from tests.test_lock import PY, local_phase, make_wheel
+from tests.tinywheels import local_phase, make_wheel
 
 COLLIDING = "envport_collide/data.txt"
 # How many .pyc files torch has in an env's venv (run inside the image or SIF).
@@ -29,8 +29,8 @@ COUNT_TORCH_PYCS = 'find "$VIRTUAL_ENV"/lib/python*/site-packages/torch -name "*
 def _collide_project(root: Path, first: str, second: str) -> Path:
     (root / "specs").mkdir(parents=True)
     (root / "sites").mkdir()
-    make_wheel(root / "wheels", "envport-ca", "1.0", {COLLIDING: "from A\n", "envport_ca.py": ""})
-    make_wheel(root / "wheels", "envport-cb", "1.0", {COLLIDING: "from B\n", "envport_cb.py": ""})
+    make_wheel(root / "wheels", "envport-ca", "1.0", files={COLLIDING: "from A\n", "envport_ca.py": ""})
+    make_wheel(root / "wheels", "envport-cb", "1.0", files={COLLIDING: "from B\n", "envport_cb.py": ""})
     write_spec(root, "collide", python=PY, env={}, pip_phases=[local_phase(root, f"{first}==1.0"),
                                                                local_phase(root, f"{second}==1.0")])
     result = lock_spec(load_spec("collide", root), Site(name="t"), root, lambda _: None)

@@ -54,3 +54,29 @@ def test_run_tells_not_installed_from_failed():
     assert missing.returncode is None and not missing.ok and "envport-no-such-tool-x" in missing.why
     failed = run(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (failed.returncode, failed.stdout, failed.stderr, failed.ok) == (3, "out\n", "err\n", False)
+
+
+def test_run_keeps_bytes_reads_a_pipe_and_says_it_timed_out(tmp_path):
+    from envport.core.proc import spawn
+    raw = run(["printf", "\\377\\000x"], binary=True)
+    assert raw.ok and raw.stdout == b"\xff\x00x"
+    here = run(["pwd"], cwd=tmp_path)
+    assert here.stdout.strip() == str(tmp_path)
+    source = spawn(["printf", "a\\nb\\n"])
+    try:
+        counted = run(["wc", "-l"], stdin_from=source.stdout)
+    finally:
+        source.stdout.close()
+        source.wait()
+    assert counted.stdout.strip() == "2"
+    slow = run(["sleep", "30"], timeout=0.5)
+    assert slow.timed_out and slow.returncode is None and "within" in slow.why
+    assert not run(["envport-no-such-tool-x"]).timed_out
+
+
+def test_spawn_joins_stderr_to_stdout_in_order_and_reads_no_terminal():
+    from envport.core.proc import spawn
+    child = spawn(["sh", "-c", "echo one; echo two >&2; read x || echo no-stdin"], text=True)
+    out = child.stdout.read()
+    child.stdout.close()
+    assert child.wait() == 0 and out == "one\ntwo\nno-stdin\n"

@@ -25,14 +25,13 @@ import signal
 import stat
 import subprocess
 import tempfile
-import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from .support import REPO, missing, run_envport
+from .support import REPO, missing, run_envport, wait_until
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # Pseudo definitions (mksquashfs -p): a setuid-root copy of the host's id, a world-writable /dev/null node.
@@ -191,14 +190,8 @@ def test_slurm_task_mount_gives_another_user_nothing(hostile_sif: Path):
         _attack(mnt)
         os.killpg(proc.pid, signal.SIGTERM)  # a timeout, scancel: the task's own trap unmounts
         proc.wait(timeout=60)
-    _wait_for(lambda: _mounted_under(launcher.task_mounts()) == [] and not os.path.exists(os.path.dirname(mnt)))
-
-
-def _wait_for(ok, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < end, "not done in time"
-        time.sleep(0.1)
+    wait_until("the task's mounts gone", lambda: _mounted_under(launcher.task_mounts()) == [] and
+               not os.path.exists(os.path.dirname(mnt)), timeout=30)
 
 
 # --- F7: cleanup follows no symlink and unmounts only envport's own ----------------------------------

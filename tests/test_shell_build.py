@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import REPO
+from .support import REPO, wait_until
 from .tinywheels import ShellProject, env_vars, freeze, make_wheelhouse, spec_data
 
 NAME = "tiny"
@@ -204,16 +204,6 @@ def marked(mark: str) -> list[str]:
     return found
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            assert value, f"{what} within {timeout}s"
-            return value
-        time.sleep(0.2)
-
-
 def sleeper(mark: str) -> dict:
     """A spec whose run command runs until the test stops it (bounded: 300 s)."""
     return spec_data(NAME, [["alpha==1.0"]], env={"TINY_TEST_MARK": mark}, run_commands=["sleep 300"])
@@ -245,7 +235,7 @@ def test_sigterm_reaches_every_child_and_envport_waits_for_them(proj):
     mark = f"term-{os.getpid()}-{time.time_ns()}"
     proj.write(sleeper(mark))
     bg = Background(proj)
-    wait_until(lambda: any(c.startswith("sleep 300") for c in marked(mark)), 120, "the run command started")
+    wait_until("the run command started", lambda: any(c.startswith("sleep 300") for c in marked(mark)), timeout=120)
     bg.proc.send_signal(signal.SIGTERM)
     rc, out = bg.finish(timeout=120)
     # envport returned only after the tree was gone: nothing with the marker is left.
@@ -262,11 +252,12 @@ def test_sigterm_over_ssh_stops_the_remote_build(proj, ssh_host):
     data = spec_data(NAME, [], env={"TINY_TEST_MARK": mark}, run_commands=["sleep 300"])
     proj.write(data)
     bg = Background(proj, "--host", "test")
-    wait_until(lambda: any(c.startswith("sleep 300") for c in marked(mark)), 180, "the remote run command started")
+    wait_until("the remote run command started", lambda: any(c.startswith("sleep 300") for c in marked(mark)),
+               timeout=180)
     bg.proc.send_signal(signal.SIGTERM)
     rc, out = bg.finish(timeout=120)
     assert rc == 130 and '"reason": "interrupted"' in out, out
-    wait_until(lambda: marked(mark) == [], 30, "the remote processes ended")
+    wait_until("end of the remote processes", lambda: marked(mark) == [], timeout=30)
     left = subprocess.run(ssh_host.argv(f"ls -A {proj.envs_dir}/.{NAME}.builds"), capture_output=True, text=True,
                           timeout=60)
     assert left.stdout.strip() == "", f"a half-made env was left on the host: {left.stdout}"

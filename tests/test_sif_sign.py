@@ -1,7 +1,7 @@
 """SIF signatures in apptainer's format: envport signs (sif/sign.py) and checks (sif/verify.py).
 
 Two sources of truth, both real: apptainer's own signed test SIFs (../shared/sif-testdata, written by the
-SIF library `apptainer sign` uses; SIF-TRUST.md) and SIFs envport's `.def` builder makes (tests/sif_fixtures.py
+SIF library `apptainer sign` uses) and SIFs envport's `.def` builder makes (tests/sif_fixtures.py
 `tiny_sif`). Every tamper case is a real edit of a copy: a flipped byte, or an object added with Debian's
 `siftool add` (an independent SIF writer).
 """
@@ -149,7 +149,7 @@ def test_public_key_forms_apptainer_reads(tmp_path):
 
 
 def covered_bytes(path: Path) -> list[range]:
-    """The byte ranges SIF-TRUST.md says a group signature covers: the header's launch script, magic, version
+    """The byte ranges a group signature covers (apptainer/sif `pkg/integrity`): the header's launch script, magic, version
     and uuid; each grouped descriptor's type, link, size, ctime, uid, gid, name and extra; each object. (The
     `used` byte is a boolean to sif as here: 0x01 and 0x03 both mean used, so its other bits change nothing.)"""
     ranges = [range(0, 45), range(48, 64)]

@@ -13,13 +13,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from .sif_fixtures import BuiltSif, sif_env
-from .support import ENV_NAME, as_json, begun_job, fail_with, run_envport
+from .support import ENV_NAME, as_json, begun_job, fail_with, run_envport, wait_until
 
 pytest_plugins = ["tests.sif_fixtures"]
 
@@ -141,16 +140,6 @@ def test_missing_sif_is_refused(sif_project: Path):
                        env=sif_env(), timeout=120)
     assert proc.returncode == 3, fail_with(proc, "witness without a SIF")
     assert "sif_missing" in proc.stdout and "envport build tiny-nosif --target apptainer" in proc.stdout
-
-
-def _wait_for(what: str, cond, proc: subprocess.Popen | None = None, timeout: float = 180):
-    """Poll COND (bounded) until it returns something truthy; never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while not (got := cond()):
-        assert proc is None or proc.poll() is None, f"the process ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f}s"
-        time.sleep(0.2)
-    return got
 
 
 # Reads each folder, then tries to write into it.
@@ -278,7 +267,7 @@ def test_a_sigkilled_envport_leaves_no_mount(tiny_sif: BuiltSif, tmp_path: Path,
             proc.kill()
     # The holder dies with its parent: it unmounts (the kernel's mount) or stops squashfuse, which unmounts;
     # then it removes the directory.
-    _wait_for("unmount after SIGKILL", lambda: _left(where) == [], timeout=30)
+    wait_until("unmount after SIGKILL", lambda: _left(where) == [], timeout=30)
 
 
 def test_sigterm_to_envport_witness_unmounts(demo_sif: BuiltSif, tmpdir_env):
@@ -288,7 +277,7 @@ def test_sigterm_to_envport_witness_unmounts(demo_sif: BuiltSif, tmpdir_env):
          "--only", "collectives", "--no-ledger"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**env, "ENVPORT_WITNESS_FAULT": "hang:1"})
     try:
-        _wait_for("SIF mount", lambda: _mounts(where), proc)
+        wait_until("SIF mount", lambda: _mounts(where), proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -318,9 +307,9 @@ def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
     reader.start()
     try:
         # Both ranks' tasks have mounted the SIF and the job's log says the dist witness began.
-        job = _wait_for("the dist witness's start", lambda: begun_job(err), proc)
+        job = wait_until("the dist witness's start", lambda: begun_job(err), proc)
         prefix = _job_prefix(job)
-        _wait_for("both ranks' mounts", lambda: len(_mounts(prefix)) >= 2, proc)
+        wait_until("both ranks' mounts", lambda: len(_mounts(prefix)) >= 2, proc)
         subprocess.run(["scancel", job], check=True, timeout=30)
         stdout, _ = proc.communicate(timeout=120)
     finally:
@@ -329,4 +318,4 @@ def test_scancel_in_mid_witness_leaves_no_mount(demo_sif: BuiltSif, slurm):
     reader.join(timeout=30)
     out = json.loads(stdout)
     assert proc.returncode == 1 and out["state"] == "CANCELLED", (out, "".join(err))
-    _wait_for("no mount of the cancelled job", lambda: _left(prefix) == [], timeout=60)
+    wait_until("no mount of the cancelled job", lambda: _left(prefix) == [], timeout=60)

@@ -1,7 +1,7 @@
 """The interpreter with torch that the witness tests run (tests/support.py `torch_python`) is the pinned one.
 
 Witness tests need a real torch, from one place: the CPU wheel torch==2.13.0 in
-TORCH_WHEELS (/opt/wheels here, RECIPES.md "torch"), installed once into a venv
+TORCH_WHEELS (tests/support.py says where it is looked for), installed once into a venv
 under .cache/witness-venv (gitignored), or this interpreter when it already has
 it. Never an unpinned torch: a resolver would pull a CUDA build. Failing to get
 it skips with the reason locally and fails in CI.

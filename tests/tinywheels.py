@@ -5,6 +5,8 @@
   requires `alpha>=2` (a later phase moves a pinned package), `gamma` pulls `delta` (a removed package
   leaves its dependency behind), `alpha` has a console script (a moved venv breaks shebangs).
   Real pip installs them; building them takes milliseconds, so every test can afford fresh envs.
+- ``make_wheel(dir, name, version, requires, files)``: one such wheel, of a tiny package or of the files given;
+  ``local_phase(root, *packages)``: a pip phase that only ROOT/wheels serves.
 - ``ShellProject``: a project root with one spec, built by the real CLI into its own ENVPORT_ENVS_DIR,
   with pip pointed at the wheelhouse only (`PIP_NO_INDEX`, `PIP_CONFIG_FILE=/dev/null`: the host's pip
   config, constraints and find-links, stay out).
@@ -21,6 +23,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Optional, Sequence, Union
 
 import yaml
 
@@ -39,26 +42,39 @@ def _record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
-def make_wheel(out: Path, name: str, version: str, requires: list[str]) -> Path:
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": f"__version__ = {version!r}\n\ndef main():\n    print({name!r}, __version__)\n".encode(),
-        f"{dist}/METADATA": ("Metadata-Version: 2.1\n"
-                             f"Name: {name}\nVersion: {version}\n"
-                             + "".join(f"Requires-Dist: {r}\n" for r in requires)
-                             + f"\nTiny test package {name}.\n").encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: envport-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{dist}/top_level.txt": f"{name}\n".encode(),
-    }
-    if name == "alpha":
-        files[f"{dist}/entry_points.txt"] = b"[console_scripts]\nalpha-cli = alpha:main\n"
-    record = "".join(_record_line(p, d) + "\n" for p, d in files.items()) + f"{dist}/RECORD,,\n"
-    path = out / f"{name}-{version}-py3-none-any.whl"
+def make_wheel(out: Path, name: str, version: str, requires: Sequence[str] = (),
+               files: Optional[Mapping[str, Union[str, bytes]]] = None) -> Path:
+    """A real pure-python wheel NAME-VERSION in OUT (made if missing), the same bytes each time. It installs
+    FILES ({path in site-packages: content}), else a package NAME with `__version__` and `main()` (and
+    alpha's console script); REQUIRES are its Requires-Dist lines."""
+    stem = f"{name.replace('-', '_')}-{version}"
+    dist = f"{stem}.dist-info"
+    extra: dict[str, str] = {}
+    if files is None:
+        files = {f"{name}/__init__.py": f"__version__ = {version!r}\n\ndef main():\n    print({name!r}, __version__)\n"}
+        extra[f"{dist}/top_level.txt"] = f"{name}\n"
+        if name == "alpha":
+            extra[f"{dist}/entry_points.txt"] = "[console_scripts]\nalpha-cli = alpha:main\n"
+    meta = {f"{dist}/METADATA": ("Metadata-Version: 2.1\n"
+                                 f"Name: {name}\nVersion: {version}\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires)
+                                 + f"\nTiny test package {name}.\n"),
+            f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: envport-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    entries = {p: d.encode() if isinstance(d, str) else d for p, d in {**files, **meta, **extra}.items()}
+    record = "".join(_record_line(p, d) + "\n" for p, d in entries.items()) + f"{dist}/RECORD,,\n"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
-        for p, d in files.items():
+        for p, d in entries.items():
             zf.writestr(zipfile.ZipInfo(p, (2020, 1, 1, 0, 0, 0)), d)
         zf.writestr(zipfile.ZipInfo(f"{dist}/RECORD", (2020, 1, 1, 0, 0, 0)), record)
     return path
+
+
+def local_phase(root: Path, *packages: str) -> dict:
+    """A pip phase served only by ROOT/wheels (its own empty file:// index stands in for PyPI)."""
+    (root / "simple").mkdir(exist_ok=True)
+    return {"packages": list(packages), "index_url": f"file://{root}/simple", "find_links": [str(root / "wheels")]}
 
 
 def make_wheelhouse(out: Path) -> Path:

@@ -114,7 +114,9 @@ def _report_error(args: argparse.Namespace, exc: EnvportError) -> int:
     from envport.core.errors import SpecError, problems_of
     if getattr(args, "json", False):
         from envport.core.verdict import envelope, print_json
-        print_json(envelope(args.command, exc.exit_code, problems=problems_of(exc)))
+        # A nested verb (`slurm submit`) keeps its word under `<verb>_command`: the envelope names both.
+        words = [args.command, getattr(args, f"{args.command}_command", None)]
+        print_json(envelope(" ".join(w for w in words if w), exc.exit_code, problems=problems_of(exc)))
     if isinstance(exc, SpecError):
         for p in exc.problems:
             print(p, file=sys.stderr)

@@ -9,10 +9,10 @@ bounds every wait); this module gives it envport's verdicts.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
+from envport.core.proc import run, spawn
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 
@@ -37,12 +37,12 @@ def build_base(name: str, progress: Progress, tag: str | None = None, rebuild: b
     if image_exists(tag):
         if not rebuild:
             return StepResult(step, Verdict.PRESENT, tag, seconds=time.monotonic() - start)
-        subprocess.run(["docker", "image", "rm", tag], capture_output=True)
+        run(["docker", "image", "rm", tag], timeout=120)  # the import below replaces it either way
     if not shutil.which("debootstrap"):
         return StepResult(step, Verdict.REFUSED, "debootstrap is not installed; apt-get install debootstrap",
                           reason="no_debootstrap")
     progress(f"envport: [base] {tag}: debootstrap + docker import (30-60 s cold, seconds from the cached rootfs)")
-    proc = subprocess.Popen(["bash", str(SCRIPT), tag], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(["bash", str(SCRIPT), tag], text=True)
     lines = []
     assert proc.stdout
     for line in proc.stdout:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from urllib.parse import unquote, urlparse
 from packaging.requirements import InvalidRequirement, Requirement
 
 from envport.core.files import write_atomic
+from envport.core.proc import Ran, run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.plan.lock import (Lock, LockedDist, LockedPhase, canonical_name, inputs_digest, lock_path,
@@ -54,9 +54,8 @@ def _heavy(name: str) -> bool:
     return name in HEAVY or name.startswith("nvidia-")
 
 
-def _pip(python: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-m", "pip", *args, "--disable-pip-version-check"],
-                          capture_output=True, text=True, timeout=timeout)
+def _pip(python: Path, *args: str, timeout: float = 3600) -> Ran:
+    return run([str(python), "-m", "pip", *args, "--disable-pip-version-check"], timeout=timeout)
 
 
 def _locked_args(step: PipStep, site_args: list[str]) -> list[str]:
@@ -82,7 +81,7 @@ def _file_digest(url: str, python: Path, work: Path) -> tuple[str | None, str]:
     proc = _pip(python, "download", "--no-deps", "-d", str(dest), url)
     got = dest / unquote(Path(parsed.path).name)
     if proc.returncode != 0 or not got.is_file():
-        return None, "; ".join(tail(proc.stdout + proc.stderr, 3))
+        return None, "; ".join(tail(proc.text, 3))
     return sha256_file(got), ""
 
 
@@ -175,9 +174,9 @@ def lock_spec(loaded, site, root: Path, progress: Progress) -> StepResult:
         work = Path(tmp)
         venv = work / "venv"
         progress(f"envport: [lock] scratch venv with {python}")
-        made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
-        if made.returncode != 0:
-            return StepResult(step, Verdict.FAILED, f"{python} -m venv failed", lines=tail(made.stderr))
+        made = run([python, "-m", "venv", str(venv)], timeout=600)
+        if not made.ok:
+            return StepResult(step, Verdict.FAILED, f"{python} -m venv failed", lines=tail(made.stderr or made.why))
         vpy = venv / "bin" / "python"
         for s in steps:
             result = _lock_phase(s, len(steps), vpy, work, site_args, progress)
@@ -251,7 +250,7 @@ def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[s
                 *_locked_args(s, site_args), *flags, *s.packages)
     if proc.returncode != 0 or not report_path.is_file():
         return StepResult("", Verdict.FAILED, f"phase {s.index} does not resolve: {' '.join(s.packages)}",
-                          lines=tail(proc.stdout + proc.stderr))
+                          lines=tail(proc.text))
     report = json.loads(report_path.read_text())
     remote_heavy = sorted(
         canonical_name(i.get("metadata", {}).get("name", "")) for i in report.get("install", [])
@@ -275,7 +274,7 @@ def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[s
                      *(["--force-reinstall"] if s.force_reinstall else []), "-r", str(reqs))
         if again.returncode != 0:
             return StepResult("", Verdict.FAILED, f"phase {s.index} resolved but does not install from its "
-                              "own lock (--no-deps --require-hashes)", lines=tail(again.stdout + again.stderr))
+                              "own lock (--no-deps --require-hashes)", lines=tail(again.text))
     return phase
 
 

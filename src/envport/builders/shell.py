@@ -35,6 +35,7 @@ from envport.recipe.render import render_plan
 from envport.spec.loader import Loaded
 from envport.recipe.identity import Resolved, resolve
 from envport.engines.ssh import is_unreachable, resolve_host, ssh_argv, unreachable
+from envport.core.proc import spawn
 from envport.core.progress import Progress
 from envport.core.verdict import INTERRUPTED_REASON, StepResult, Verdict
 
@@ -95,8 +96,7 @@ def build(loaded: Loaded, site, root: Path, *, flavour: str, host: str | None = 
         env = None
     start = time.monotonic()
     # Its own session: a Ctrl-C at the terminal reaches envport alone, which stops the build in order.
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+    proc = spawn(argv, stdin=subprocess.PIPE, env=env, new_session=True)
     assert proc.stdin and proc.stdout
     run = _Run(proc, local=target_host is None)
     # ssh may give up before reading the script (host unreachable): its exit code and output say why.

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from envport.core.files import write_atomic
+from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.plan.steps import UV_VERSION
@@ -37,12 +37,12 @@ def ensure_uv(root: Path, progress: Progress) -> tuple[Path | None, StepResult |
         return path, None
     progress(f"envport: [tools] uv=={UV_VERSION} from its PyPI wheel (once, into {path.parent})")
     with tempfile.TemporaryDirectory(prefix="envport-uv-") as tmp:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-                               "--only-binary=:all:", "-d", tmp, f"uv=={UV_VERSION}"], capture_output=True, text=True)
+        proc = run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
+                    "--only-binary=:all:", "-d", tmp, f"uv=={UV_VERSION}"], timeout=900)  # one wheel, ~15 MB
         wheels = sorted(Path(tmp).glob("uv-*.whl"))
-        if proc.returncode != 0 or not wheels:
+        if not proc.ok or not wheels:
             return None, StepResult("tools uv", Verdict.FAILED, f"pip download uv=={UV_VERSION} failed",
-                                    lines=tail(proc.stdout + proc.stderr))
+                                    lines=tail(proc.text))
         with zipfile.ZipFile(wheels[0]) as zf:
             member = next((n for n in zf.namelist() if n.endswith(".data/scripts/uv")), None)
             if member is None:

@@ -27,13 +27,13 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
 from envport.core import secrets
+from envport.core.proc import run, spawn
 from envport.core.progress import Progress, quiet
 from envport.core.verdict import StepResult, Verdict
 from envport.spec.loader import Loaded
@@ -258,20 +258,18 @@ def _run_source(loaded: Loaded, name: str, w: WeightDir, root: Path, interpreter
         env["PATH"] = f"{interpreter_bin}{os.pathsep}{env.get('PATH', '')}"
     step = f"weights {loaded.spec.name}: fetch {name}"
     progress(f"envport: [weights] {name}: running `{w.source}` in {loaded.path.parent} -> {target}")
-    try:
-        proc = subprocess.run(["bash", "-c", w.source], cwd=loaded.path.parent, env=env, capture_output=True,
-                              text=True, errors="replace", timeout=FETCH_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    proc = run(["bash", "-c", w.source], cwd=loaded.path.parent, env=env, errors="replace", timeout=FETCH_TIMEOUT_S)
+    if proc.timed_out:
         return StepResult(step, Verdict.FAILED, f"`{w.source}` did not finish within {FETCH_TIMEOUT_S}s",
                           reason="weights_fetch_failed")
-    out = [secrets.scrub(ln) for ln in ((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()[-TAIL:]]
+    out = [secrets.scrub(ln) for ln in proc.text.strip().splitlines()[-TAIL:]]
     for ln in out:
         progress(f"envport: [weights]   {ln}")
     if proc.returncode == 3:
         # The tool's own vocabulary: 3 is "refused, and here is why", not "it broke".
         return StepResult(step, Verdict.REFUSED, f"`{w.source}` refused (exit 3); its own words follow",
                           reason="weights_fetch_refused", lines=out)
-    if proc.returncode != 0:
+    if not proc.ok:
         return StepResult(step, Verdict.FAILED, f"`{w.source}` exited {proc.returncode}",
                           reason="weights_fetch_failed", lines=out)
     return None
@@ -292,14 +290,14 @@ def stage(loaded: Loaded, root: Path, host_target, *, progress: Progress = quiet
         return first
     src = host_dir(root, spec.name, "")
     files = sorted(str(Path(n) / f.path) for n, w in spec.weight_dirs.items() for f in w.files)
-    tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "--", *files], stdout=subprocess.PIPE)
+    tar = spawn(["tar", "-C", str(src), "-cf", "-", "--", *files], stderr=None)
     remote = f'mkdir -p "$HOME/.envport/weights/{spec.name}" && tar -C "$HOME/.envport/weights/{spec.name}" -xf -'
-    proc = subprocess.run(ssh_argv(host_target) + [remote], stdin=tar.stdout, capture_output=True, text=True,
-                          timeout=FETCH_TIMEOUT_S)
+    proc = run(ssh_argv(host_target) + [remote], stdin_from=tar.stdout, timeout=FETCH_TIMEOUT_S)
+    tar.stdout.close()
     tar.wait()
-    if proc.returncode != 0 or tar.returncode != 0:
+    if not proc.ok or tar.returncode != 0:
         return StepResult(step, Verdict.FAILED, f"copying {len(files)} files failed (ssh exit {proc.returncode})",
-                          reason="weights_stage_failed", lines=(proc.stderr or "").splitlines()[-TAIL:],
+                          reason="weights_stage_failed", lines=(proc.stderr or proc.why).splitlines()[-TAIL:],
                           seconds=time.monotonic() - start)
     return StepResult(step, Verdict.OK, f"{len(files)} files copied to ~/.envport/weights/{spec.name} on the host",
                       seconds=time.monotonic() - start)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 from envport.spec.loader import Loaded
 from envport.plan.steps import PipStep, make_plan
 from envport.plan.lock import sha256_file
+from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.core.files import write_atomic
@@ -121,11 +121,11 @@ def ensure_wheelhouse(loaded: Loaded, site, root: Path, progress: Progress, refr
                  f"{f' (locked: {len(step.locked)} files)' if step.locked else ''}")
         if step.locked:
             write_atomic(dest / f".{step.marker}.txt", step.requirements_text())
-        proc = subprocess.run(download_args(step, dest, loaded.spec.python, site_args),
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
+        # No timeout: a phase's downloads are as large as its packages (torch alone is GBs), not envport's.
+        proc = run(download_args(step, dest, loaded.spec.python, site_args), timeout=None)
+        if not proc.ok:
             return StepResult("wheelhouse", Verdict.FAILED, f"pip download failed for phase {step.index}",
-                              lines=tail(proc.stdout + proc.stderr), seconds=time.monotonic() - start)
+                              lines=tail(proc.text), seconds=time.monotonic() - start)
         manifest["phases"][phase_key(loaded.spec.python, step)] = {"phase": step.index, "args": step.pip_args()}
         manifest.update(env=loaded.spec.name, python=loaded.spec.python)
         write_atomic(mpath, json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from envport.core.verdict import EXIT_OK, EXIT_REFUSED
+from envport.core.files import write_atomic
+from envport.core.verdict import EXIT_OK, EXIT_REFUSED, envelope, print_json
 
 
 def register(sub) -> None:
@@ -50,14 +51,11 @@ def run(args) -> int:
     report = collect(python=args.python, workdir=workdir, probe_torch=not args.no_torch, spec=spec)
     if args.write_docs:
         path = Path(root) / "docs" / "infra.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_infra_md(report, Path(root)), encoding="utf-8")
+        write_atomic(path, render_infra_md(report, Path(root)))
         print(f"wrote {path}", file=sys.stderr)
     if args.json:
         code = EXIT_REFUSED if report.get("env") and report["env"].get("ok") is False else EXIT_OK
-        json.dump({"command": "doctor", "exit_code": code, "steps": [], "problems": [], **report},
-                  sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(envelope("doctor", code, **report))
     else:
         sys.stdout.write(render_text(report))
     if report.get("env") and report["env"].get("ok") is False:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -81,6 +80,7 @@ def _push_sif(sif: Path, ref, tags: list[str], ca, name: str):
 
 def _push_image(identity, ref, tags: list[str], name: str):
     from envport.core.verdict import StepResult, Verdict
+    from envport.core.proc import run as proc_run
     from envport.core.progress import tail
     from envport.engines import registry
     from envport.engines.docker import cli_env, image_exists
@@ -98,10 +98,11 @@ def _push_image(identity, ref, tags: list[str], name: str):
     for tag in tags:
         dest = str(ref.with_tag(tag))
         for argv in (["docker", "tag", identity.image_tag, dest], ["docker", "push", dest]):
-            proc = subprocess.run(argv, capture_output=True, text=True, env=cli_env(), timeout=1800)
-            if proc.returncode != 0:
+            proc = proc_run(argv, env=cli_env(), timeout=1800)
+            if not proc.ok:
                 return StepResult(step, Verdict.FAILED, f"`{' '.join(argv)}` exited {proc.returncode}",
-                                  lines=tail(proc.stderr or proc.stdout, 15), seconds=time.monotonic() - start)
+                                  lines=tail(proc.stderr or proc.stdout or proc.why, 15),
+                                  seconds=time.monotonic() - start)
         digest = next((w for w in proc.stdout.split() if w.startswith("sha256:")), "")
         pushed.append(dest)
     return StepResult(step, Verdict.OK, f"tags {', '.join(tags)}, manifest {digest}",

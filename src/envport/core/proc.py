@@ -1,26 +1,32 @@
-"""One way to run a short external command and keep what it said.
+"""One way to run an external command and keep what it said.
 
-Probes (nvidia-smi, sbatch/squeue/scontrol, docker/ssh/bash parity probes,
-a torch probe) all need the same three things: a timeout, "not installed"
-told apart from "failed", and the output kept for the verdict's tail.
+Every external command envport runs starts here (tests/test_no_subprocess.py greps for any other):
+probes (nvidia-smi, sbatch/squeue/scontrol, docker/ssh/bash parity probes, a torch probe) and builds
+(docker, apptainer, mksquashfs, pip) all need the same things: a timeout, "not installed" told apart from
+"failed", the output kept for the verdict's tail, and no child left running when envport is killed.
+`run` waits for the end; `spawn` hands back the running child for a caller that streams its output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import IO, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
 
 
 @dataclass(frozen=True)
 class Ran:
     returncode: Optional[int]  # None: it did not start, or did not answer in time (see `why`)
-    stdout: str = ""
+    stdout: Union[str, bytes] = ""  # bytes where `run(binary=True)`
     stderr: str = ""
     why: str = ""
+    timed_out: bool = False  # it started and was killed at the timeout
 
     @property
     def ok(self) -> bool:
@@ -32,20 +38,44 @@ class Ran:
         return (self.stdout + self.stderr) if self.returncode is not None else self.why
 
 
-def run(argv: Sequence[str], *, timeout: float = 30, stdin: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None) -> Ran:
-    argv = list(argv)
+def run(argv: Sequence[str], *, timeout: Optional[float] = 30, stdin: Union[str, bytes, None] = None,
+        stdin_from: Optional[IO] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[PathLike] = None,
+        binary: bool = False, errors: str = "strict", dies_with: Optional[int] = None) -> Ran:
+    """ARGV run to its end, its output kept. TIMEOUT None only where the work has no bound envport can name
+    (a build, a squashfs of a whole tree, a user's own fetch command): the child is killed when it passes it.
+    STDIN is fed as input; STDIN_FROM is a file (another child's pipe) read instead; with neither the child
+    reads /dev/null, so it never waits on a terminal. BINARY: stdout is bytes (a file's content), stderr text.
+    DIES_WITH: the signal the child gets when envport dies (`dies_with_parent`)."""
+    argv = [str(a) for a in argv]
+    text = not binary and not isinstance(stdin, bytes)
     try:
-        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
+        p = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, cwd=cwd,
                            env=dict(env) if env is not None else None,
-                           stdin=None if stdin is not None else subprocess.DEVNULL)
+                           stdin=None if stdin is not None else (stdin_from or subprocess.DEVNULL),
+                           text=text, errors=errors if text else None,
+                           preexec_fn=dies_with_parent(dies_with) if dies_with is not None else None)
     except FileNotFoundError:
         return Ran(None, why=f"{argv[0]}: not found")
     except OSError as exc:
         return Ran(None, why=f"{argv[0]}: {exc.strerror or exc}")
     except subprocess.TimeoutExpired:
-        return Ran(None, why=f"{argv[0]} did not answer within {timeout:.0f}s")
-    return Ran(p.returncode, p.stdout, p.stderr)
+        return Ran(None, why=f"{argv[0]} did not answer within {timeout:.0f}s", timed_out=True)
+    stderr = p.stderr if text else p.stderr.decode("utf-8", "replace")
+    return Ran(p.returncode, p.stdout if text or binary else p.stdout.decode("utf-8", "replace"), stderr)
+
+
+def spawn(argv: Sequence[str], *, cwd: Optional[PathLike] = None, env: Optional[Mapping[str, str]] = None,
+          stdin: int = subprocess.DEVNULL, stdout: int = subprocess.PIPE, stderr: Optional[int] = subprocess.STDOUT,
+          text: bool = False, errors: Optional[str] = None, dies_with: Optional[int] = None,
+          new_session: bool = False) -> subprocess.Popen:
+    """ARGV started, for the caller to stream (a build's log, a tar into ssh) and wait on. By default it
+    reads /dev/null and its stderr joins its stdout, so a log is read in the order it was written.
+    DIES_WITH: as for `run`. NEW_SESSION: a Ctrl-C at the terminal reaches envport alone, which stops the
+    child in order. Raises OSError when ARGV cannot start (the caller names the tool)."""
+    return subprocess.Popen([str(a) for a in argv], cwd=cwd, env=dict(env) if env is not None else None,
+                            stdin=stdin, stdout=stdout, stderr=stderr, text=text or None, errors=errors,
+                            preexec_fn=dies_with_parent(dies_with) if dies_with is not None else None,
+                            start_new_session=new_session)
 
 
 class Terminated(KeyboardInterrupt):

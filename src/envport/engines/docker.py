@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
-from envport.core.proc import dies_with_parent
+from envport.core.proc import run as proc_run
+from envport.core.proc import spawn
 from envport.core.verdict import StepResult, Verdict
 
 
@@ -101,9 +102,8 @@ def buildkit_cli() -> Optional[str]:
             if not path:
                 continue
             # The 28.x client without buildx fails `build --help` with "buildx component is missing".
-            proc = subprocess.run([path, "build", "--help"], capture_output=True, text=True,
-                                  env={**cli_env(), "DOCKER_BUILDKIT": "1"}, timeout=30)
-            if proc.returncode == 0 and "--iidfile" in proc.stdout and "--secret" in proc.stdout:
+            proc = proc_run([path, "build", "--help"], env={**cli_env(), "DOCKER_BUILDKIT": "1"}, timeout=30)
+            if proc.ok and "--iidfile" in proc.stdout and "--secret" in proc.stdout:
                 _buildkit_cli[key] = path
                 break
     return _buildkit_cli[key]
@@ -121,9 +121,7 @@ def run_buildkit(argv: list[str], cwd: Path, on_line: Callable[[str], None]) -> 
     """Run the BuildKit client; a SIGTERM/SIGINT to envport stops it (and with it the build)."""
     env = {**cli_env(), "DOCKER_BUILDKIT": "1"}
     # If envport itself is killed, the docker client must not keep building on its own.
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace",
-                            preexec_fn=dies_with_parent(signal.SIGTERM))
+    proc = spawn(argv, cwd=cwd, env=env, text=True, errors="replace", dies_with=signal.SIGTERM)
     previous = None
     if threading.current_thread() is threading.main_thread():
         def _stop(signum, frame):
@@ -152,13 +150,9 @@ from envport.engines.docker_socket import image_labels  # noqa: E402,F401
 
 def engine_problem(docker: str = "docker", timeout: float = 15) -> Optional[str]:
     """None when a docker engine answers, else the reason in one line."""
-    try:
-        out = subprocess.run([docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                             text=True, timeout=timeout)
-    except FileNotFoundError:
-        return f"{docker} not found"
-    except subprocess.TimeoutExpired:
-        return f"`{docker} version` did not answer within {timeout:.0f}s"
+    out = proc_run([docker, "version", "--format", "{{.Server.Version}}"], timeout=timeout)
+    if out.returncode is None:
+        return out.why
     if out.returncode != 0 or not out.stdout.strip():
         text = (out.stderr or out.stdout).strip().splitlines()
         return text[-1] if text else f"exit {out.returncode}"
@@ -166,12 +160,7 @@ def engine_problem(docker: str = "docker", timeout: float = 15) -> Optional[str]
 
 
 def image_exists(image: str, docker: str = "docker") -> bool:
-    try:
-        out = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", image],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0
+    return proc_run([docker, "image", "inspect", "--format", "{{.Id}}", image], timeout=30).ok
 
 
 class ExportError(Exception):
@@ -180,12 +169,9 @@ class ExportError(Exception):
 
 def image_config(image: str, docker: str = "docker", timeout: float = 30) -> Optional[dict]:
     """The image's config (Env, Labels, Entrypoint, Cmd, Id), or None when the engine lacks it."""
-    try:
-        out = subprocess.run([docker, "image", "inspect", "--format", "{{json .Config}}\t{{.Id}}", image],
-                             capture_output=True, text=True, timeout=timeout, env=cli_env())
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+    out = proc_run([docker, "image", "inspect", "--format", "{{json .Config}}\t{{.Id}}", image], timeout=timeout,
+                   env=cli_env())
+    if not out.ok:
         return None
     raw, _, image_id = out.stdout.strip().rpartition("\t")
     config = json.loads(raw) or {}
@@ -200,26 +186,24 @@ def export_rootfs(image: str, dest: Path, docker: str = "docker") -> None:
     /.dockerenv marker is dropped, since the tree is no longer a docker container."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    created = subprocess.run([docker, "create", image, "true"], capture_output=True, text=True, env=cli_env(),
-                             timeout=120)
-    if created.returncode != 0:
-        raise ExportError(f"docker create {image} failed: {created.stderr.strip()[-300:]}")
+    created = proc_run([docker, "create", image, "true"], env=cli_env(), timeout=120)
+    if not created.ok:
+        raise ExportError(f"docker create {image} failed: {(created.stderr or created.why).strip()[-300:]}")
     cid = created.stdout.strip()
     try:
-        export = subprocess.Popen([docker, "export", cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=cli_env(), preexec_fn=dies_with_parent(signal.SIGTERM))
-        untar = subprocess.run(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", str(dest)],
-                               stdin=export.stdout, capture_output=True, text=True,
-                               preexec_fn=dies_with_parent(signal.SIGTERM))
+        export = spawn([docker, "export", cid], stderr=subprocess.PIPE, env=cli_env(), dies_with=signal.SIGTERM)
+        # No timeout: the image's size bounds the copy, not envport.
+        untar = proc_run(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", str(dest)], timeout=None,
+                         stdin_from=export.stdout, dies_with=signal.SIGTERM)
         export.stdout.close()
         err = export.stderr.read().decode("utf-8", "replace")
         export.stderr.close()
         if export.wait() != 0:
             raise ExportError(f"docker export of {image} failed: {err.strip()[-300:]}")
-        if untar.returncode != 0:
-            raise ExportError(f"unpacking {image} into {dest} failed: {untar.stderr.strip()[-300:]}")
+        if not untar.ok:
+            raise ExportError(f"unpacking {image} into {dest} failed: {(untar.stderr or untar.why).strip()[-300:]}")
     finally:
-        subprocess.run([docker, "rm", "-f", cid], capture_output=True, env=cli_env(), timeout=120)
+        proc_run([docker, "rm", "-f", cid], env=cli_env(), timeout=120)
     (dest / ".dockerenv").unlink(missing_ok=True)
 
 

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from envport.core.proc import dies_with_parent, run
+from envport.core.proc import run, spawn
 from envport.core.verdict import StepResult, Verdict
 
 # What podman needs to find its storage, config and runroot; nothing else of the host's environment reaches
@@ -127,9 +127,8 @@ def remove_image(image_id: str) -> None:
 
 def build(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None]) -> int:
     """`podman build ARGV`, its output line by line; a killed envport takes the build along."""
-    proc = subprocess.Popen([podman(), "build", *argv], cwd=cwd, env=cli_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            preexec_fn=dies_with_parent(signal.SIGTERM))
+    proc = spawn([podman(), "build", *argv], cwd=cwd, env=cli_env(), text=True, errors="replace",
+                 dies_with=signal.SIGTERM)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

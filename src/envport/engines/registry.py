@@ -1,6 +1,6 @@
 """OCI registries over ORAS: the one module that talks to one (the `oras` package from PyPI).
 
-- push: a SIF as `apptainer push FILE oras://REG/REPO:TAG` writes it (SIF-TRUST.md's facts): an OCI
+- push: a SIF as `apptainer push FILE oras://REG/REPO:TAG` writes it (apptainer's ORAS media types, docs/registry.md): an OCI
   image manifest whose config is the 2 bytes `{}` of media type
   application/vnd.sylabs.sif.config.v1+json, exactly one layer of media type
   application/vnd.sylabs.sif.layer.v1.sif annotated org.opencontainers.image.title = the file's
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envport.core.errors import ReasonError
+from envport.core.files import replacing
 
 SCHEME = "oras://"
 SIF_CONFIG_MEDIA_TYPE = "application/vnd.sylabs.sif.config.v1+json"
@@ -238,14 +239,6 @@ def file_name(layer: dict, ref: Ref) -> str:
     return f"{ref.repo.rsplit('/', 1)[-1]}_{ref.tag or 'latest'}.sif"
 
 
-def remove_stale_partials(final: Path) -> None:
-    """Partial files of pulls whose process is gone (killed mid-download)."""
-    for p in final.parent.glob(f".{final.name}.partial-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            p.unlink(missing_ok=True)
-
-
 def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: bool = False,
              check: Callable[[Path], None] = lambda path: None,
              progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
@@ -263,9 +256,8 @@ def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: boo
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / file_name(layer, ref)
-    remove_stale_partials(final)
-    partial = out_dir / f".{final.name}.partial-{os.getpid()}"
-    try:
+    # 0o755 as apptainer pull leaves it: the launch script runs the file.
+    with replacing(final, mode=0o755) as partial:
         got, n = _download(client, ref, digest, partial, size, progress)
         if n != size or got != want:
             raise RegistryError("digest_mismatch", f"{ref}: received {n} bytes with sha256:{got}; the manifest "
@@ -276,11 +268,6 @@ def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: boo
         except SifError as exc:
             raise RegistryError("not_a_sif", f"{ref}: the layer is not a usable SIF ({exc.message})") from None
         check(partial)
-        os.chmod(partial, 0o755)  # as apptainer pull leaves it: the launch script runs the file
-        os.replace(partial, final)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
     return {"path": str(final), "digest": digest, "size": size}
 
 

@@ -32,6 +32,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from envport.core.errors import ReasonError
+from envport.core.files import replacing
 # The layout's constants live with the stdlib-only reader of the no-op build (engines/sif_header.py).
 from envport.engines.sif_header import (
     DATA_GENERIC_JSON, DATA_OFFSET, DATA_PARTITION, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
@@ -403,14 +404,6 @@ def _copy_chunk(dst, src, n: int) -> int:
     return len(data)
 
 
-def _remove_stale_partials(target: Path) -> None:
-    """Partial files of builds whose process is gone (killed mid-write)."""
-    for p in target.parent.glob(f".{target.name}.partial-*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            p.unlink(missing_ok=True)
-
-
 def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: bytes,
               squashfs_path: str | os.PathLike, created: int, uuid: bytes,
               arch: str = "amd64", extra_json: tuple[tuple[str, bytes], ...] = ()) -> SifInfo:
@@ -442,10 +435,8 @@ def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: byte
     header = HEADER.pack(LAUNCH_SCRIPT, MAGIC, VERSION, code, uuid, created, created,
                          DESCRIPTOR_SLOTS - len(entries), DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, len(table),
                          DATA_OFFSET, sum(s[2] for s in spans))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(path)
-    partial = path.parent / f".{path.name}.partial-{os.getpid()}"
-    try:
+    # 0o755: apptainer makes SIFs executable, the launch script runs them.
+    with replacing(path, mode=0o755) as partial:
         with open(partial, "wb") as out:
             out.write(header.ljust(DESCRIPTORS_OFFSET, b"\0") + table)
             for (_, _, data), span in zip(objects, spans):
@@ -455,11 +446,6 @@ def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: byte
             out.truncate(part[0] + sq_size)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(partial, 0o755)  # apptainer makes SIFs executable: the launch script runs them
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
     return read_sif(path)
 
 

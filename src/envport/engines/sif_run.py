@@ -1,5 +1,5 @@
 """Run commands inside a SIF: `apptainer exec` where apptainer is installed, else Charliecloud's
-`ch-run` on the SIF's squashfs partition mounted with squashfuse (RECIPES.md, measured).
+`ch-run` on the SIF's squashfs partition mounted with squashfuse (measured).
 
 - where: every mount is `ro,nosuid,nodev` (what apptainer uses; a setuid file
   in a pulled image gives nobody root, a device node in it opens for no one)

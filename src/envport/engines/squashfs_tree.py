@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 
+from envport.core.proc import run
 from envport.engines.sif import SifError
 
 LIST_TIMEOUT = 300
@@ -94,10 +94,9 @@ def parse_listing(out: bytes) -> tuple[list[Entry], list[str]]:
 
 def listing(sif: str, offset: int) -> tuple[list[Entry], list[str]]:
     """Every entry of the squashfs at OFFSET in SIF, and the listing lines that did not parse."""
-    proc = subprocess.run([_unsquashfs(), "-o", str(offset), "-lln", sif], capture_output=True,
-                          timeout=LIST_TIMEOUT)
-    if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    proc = run([_unsquashfs(), "-o", str(offset), "-lln", sif], binary=True, timeout=LIST_TIMEOUT)
+    if not proc.ok:
+        err = (proc.stderr or proc.why).strip().splitlines()
         raise SifError("bad_squashfs", f"{sif}: unsquashfs cannot list the partition at byte {offset} "
                                        f"({err[-1] if err else f'exit {proc.returncode}'}): the image is "
                                        "damaged or not squashfs")
@@ -107,8 +106,8 @@ def listing(sif: str, offset: int) -> tuple[list[Entry], list[str]]:
 def read_file(sif: str, offset: int, path: str, limit: int = CAT_LIMIT) -> bytes | None:
     """The bytes of the regular file PATH in the image (the caller checked the listing says so), or None
     when unsquashfs cannot give them.  -no-wildcards: a name from the image is a name, not a pattern."""
-    proc = subprocess.run([_unsquashfs(), "-o", str(offset), "-no-wildcards", "-cat", sif, path.lstrip("/")],
-                          capture_output=True, timeout=LIST_TIMEOUT)
-    if proc.returncode != 0 or len(proc.stdout) > limit:
+    proc = run([_unsquashfs(), "-o", str(offset), "-no-wildcards", "-cat", sif, path.lstrip("/")], binary=True,
+               timeout=LIST_TIMEOUT)
+    if not proc.ok or len(proc.stdout) > limit:
         return None
     return proc.stdout

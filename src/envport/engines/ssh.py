@@ -10,10 +10,10 @@ client's own failures (exit 255 with one of its connection messages) mean
 from __future__ import annotations
 
 import shlex
-import subprocess
 from typing import Optional
 
 from envport.core.errors import EnvportError
+from envport.core.proc import run
 from envport.core.verdict import EXIT_REFUSED, StepResult, Verdict
 
 # The ssh client's own failures (exit 255) that mean "cannot get there".
@@ -79,13 +79,11 @@ def probe_env(host, prefix_sh: str, connect_timeout: Optional[int] = None) -> tu
     check = f'P={prefix_sh}; if [ -x "$P/bin/python" ]; then echo "envport-ok $(cd "$P" && pwd -L)"; ' \
             f'else echo "envport-noenv $P"; fi'
     limit = (connect_timeout or getattr(host, "connect_timeout", 5) or 5) + 5
-    try:
-        proc = subprocess.run(ssh_argv(host, connect_timeout) + [check], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=limit)
-    except subprocess.TimeoutExpired:
+    proc = run(ssh_argv(host, connect_timeout) + [check], timeout=limit)
+    if proc.timed_out:
         return None, f"no answer within {limit:.0f}s"
-    except FileNotFoundError:
-        return None, "no ssh client on PATH"
+    if proc.returncode is None:
+        return None, f"no ssh client on PATH ({proc.why})"
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 

@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from envport.core.files import write_atomic
+
 WORKFLOW_PATH = Path(".github/workflows/envs.yml")
 WORKFLOW_SITE = "github"
 CPU_RUNNER = "ubuntu-24.04"
@@ -136,8 +138,7 @@ def write(root: Path, text: str) -> bool:
     path = root / WORKFLOW_PATH
     if path.is_file() and path.read_text() == text:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_atomic(path, text)
     return True
 
 

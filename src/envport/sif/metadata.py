@@ -1,6 +1,6 @@
 """The image metadata a SIF signature signs: digests of the header, of each descriptor and of each object.
 
-apptainer/sif `pkg/integrity/metadata.go` defines it (SIF-TRUST.md has the
+apptainer/sif `pkg/integrity/metadata.go` defines it (its source has the
 byte layout): compact JSON
 `{"version":1,"header":{"digest":"sha256:…"},"objects":[{"relativeId":N,"descriptorDigest":…,"objectDigest":…}]}`.
 Only the fields that say what the image IS enter a digest: the header's launch

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.recipe.identity import resolve
@@ -65,11 +65,12 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
         argv = [binary, "build", "--force"] + ([] if os.geteuid() == 0 else ["--fakeroot"]) + \
             [str(partial), source]
         progress(f"envport: [apptainer] {' '.join(argv)}")
-        proc = subprocess.run(argv, cwd=ctx, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
+        # No timeout: a build's length is the spec's (its pip phases and run commands), not envport's.
+        proc = run(argv, cwd=ctx, env=env, timeout=None)
+    if not proc.ok:
         partial.unlink(missing_ok=True)
         return [StepResult(step, Verdict.FAILED, "apptainer build failed; no SIF was written",
-                           lines=tail(proc.stdout + proc.stderr), seconds=time.monotonic() - start)]
+                           lines=tail(proc.text), seconds=time.monotonic() - start)]
     partial.replace(sif)
     return [StepResult(step, Verdict.OK, str(sif), seconds=time.monotonic() - start,
                        data={"sif": str(sif), "route": "apptainer", "size": sif.stat().st_size})]

@@ -14,11 +14,11 @@ fix (a site-profile field or a command), never a half-made rootfs.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from envport.builders.apptainer.deffile import DefFile
+from envport.core.proc import run
 from envport.engines import docker as engine
 from envport.engines.sif import SifError, primary_partition, read_sif
 
@@ -100,7 +100,7 @@ def _docker(kind: str, image: str, dest: Path, site, progress) -> Base:
     config = None if problem else engine.image_config(image)
     if config is None and not problem and kind == "docker" and getattr(site, "registry", False):
         progress(f"envport: [apptainer] pulling {image} through the docker engine")
-        subprocess.run(["docker", "pull", image], capture_output=True, env=engine.cli_env(), timeout=3600)
+        run(["docker", "pull", image], env=engine.cli_env(), timeout=3600)  # image_config below says if it came
         config = engine.image_config(image)
     if config is None:
         where = (f"no docker engine answers ({problem})" if problem
@@ -118,10 +118,11 @@ def _docker(kind: str, image: str, dest: Path, site, progress) -> Base:
 
 def _localimage(source: Path, dest: Path, site) -> Base:
     if source.is_dir():
-        proc = subprocess.run(["cp", "-a", "--", f"{source}/.", str(dest)], capture_output=True, text=True)
-        if proc.returncode != 0:
+        # No timeout on the copies: the base's size bounds them, not envport.
+        proc = run(["cp", "-a", "--", f"{source}/.", str(dest)], timeout=None)
+        if not proc.ok:
             raise BootstrapRefused("base_image_unreadable", f"copying sandbox {source} failed: "
-                                                            f"{proc.stderr.strip()[-300:]}")
+                                                            f"{(proc.stderr or proc.why).strip()[-300:]}")
         return Base(source=f"localimage {source}")
     try:
         part = primary_partition(read_sif(source))
@@ -133,9 +134,9 @@ def _localimage(source: Path, dest: Path, site) -> Base:
         raise BootstrapRefused("missing_tool", "unsquashfs is not installed (it unpacks a localimage SIF): "
                                                "apt-get install squashfs-tools")
     dest.rmdir()  # unsquashfs makes the directory itself
-    proc = subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-o", str(part.offset), "-d", str(dest),
-                           str(source)], capture_output=True, text=True)
-    if proc.returncode != 0:
+    proc = run(["unsquashfs", "-no-progress", "-quiet", "-o", str(part.offset), "-d", str(dest), str(source)],
+               timeout=None)
+    if not proc.ok:
         raise BootstrapRefused("base_image_unreadable", f"unsquashfs of {source} failed: "
-                                                        f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+                                                        f"{(proc.stderr or proc.stdout or proc.why).strip()[-300:]}")
     return Base(source=f"localimage {source}")

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Optional
@@ -45,6 +44,8 @@ from envport.builders.apptainer import bootstrap as boot
 from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
 from envport.builders.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
 from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
+from envport.core.files import replacing
+from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, write_sif
@@ -317,12 +318,12 @@ class SifBuild:
         t = time.monotonic()
         argv = bwrap_argv(shutil.which("bwrap") or "bwrap", rootfs.absolute())[:-3] + \
             pins.probe_argv(f"{CONTAINER_VENV}/bin/python")
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=600)
+        proc = run(argv, cwd="/", timeout=600)
         self.timings["pin_check"] = time.monotonic() - t
-        if proc.returncode != 0:
+        if not proc.ok:
             return StepResult(self.step, Verdict.FAILED, f"the pin check could not run in the rootfs (exit "
                               f"{proc.returncode}); no SIF was written", reason="pin_check_failed",
-                              lines=tail(proc.stdout + proc.stderr, 20))
+                              lines=tail(proc.text, 20))
         try:
             installed = pins.parse_probe(proc.stdout)
         except ValueError as exc:
@@ -390,16 +391,12 @@ class SifBuild:
         digest = sif_content.partition_sha256(str(squashfs), 0, sqfs_size)
         # The SBOM goes in before the SIF gets its name (a build cut short leaves no SIF without one) and
         # before any signature (`build --sign` signs after this step): the signature covers it.
-        partial = self.sif.with_name(f".{self.sif.name}.partial")
-        write_sif(partial, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
-                  squashfs_path=squashfs, created=self.created,
-                  uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
-                  arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),))
-        try:
+        with replacing(self.sif, mode=0o755) as partial:
+            write_sif(partial, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
+                      squashfs_path=squashfs, created=self.created,
+                      uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
+                      arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),))
             packages = self._embed_sbom(partial, rootfs)
-            os.replace(partial, self.sif)
-        finally:
-            partial.unlink(missing_ok=True)
         info = read_sif(self.sif)
         sif_record.write(str(self.sif), hash_, digest, sif_content.layout(info))
         self.timings["assemble"] = time.monotonic() - t
@@ -471,7 +468,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 
 def _tree_size(root: Path) -> str:
-    proc = subprocess.run(["du", "-sx", "--block-size=1", str(root)], capture_output=True, text=True)
+    proc = run(["du", "-sx", "--block-size=1", str(root)], timeout=600)  # a size for the progress line only
     m = re.match(r"(\d+)", proc.stdout)
     return _size(int(m.group(1))) if m else "size unknown"
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from .deffile import DefFile, FileCopy, PostStep, match_step
 from envport.core.errors import ReasonError
+from envport.core.proc import run, spawn
 
 TAIL_LINES = 40
 POST_SCRIPT = ".post.script"
@@ -154,11 +155,11 @@ def copy_files(deffile: DefFile, root: str | os.PathLike, context: str | os.Path
             else:
                 dst.parent.mkdir(parents=True, exist_ok=True)
             landed = dst / os.path.basename(src.rstrip("/")) if dst.is_dir() else dst  # cp's rule
-            proc = subprocess.run(["cp", "-fLr", "--", src, str(dst)], capture_output=True, text=True,
-                                  cwd=context)
-            if proc.returncode != 0:
+            # No timeout: the files' size bounds the copy, not envport.
+            proc = run(["cp", "-fLr", "--", src, str(dst)], cwd=context, timeout=None)
+            if not proc.ok:
                 raise RunnerError("copy_failed", f"{deffile.source}:{item.line}: %files copy of {src} to "
-                                                 f"{dst_rel} failed: {proc.stderr.strip()}")
+                                                 f"{dst_rel} failed: {(proc.stderr or proc.why).strip()}")
             copied.append("/" + landed.relative_to(root).as_posix())
     return copied
 
@@ -226,8 +227,7 @@ def run_post(deffile: DefFile, root: str | os.PathLike, *, on_line: Callable[[st
     expired: list[bool] = []
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(bwrap_argv(bwrap, root), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd="/")
+        proc = spawn(bwrap_argv(bwrap, root), cwd="/")
         rc = _supervise(proc, timeout_s, expired, lambda: _pump(proc, on_line, tail,
                                                                  {s.n: s for s in deffile.steps}, seen))
     finally:
@@ -298,6 +298,6 @@ def remove_rootfs(path: str | os.PathLike) -> None:
     if busy:
         raise RunnerError("busy", f"{path}: still mounted below it: {', '.join(busy)}; unmount those "
                                   "(umount -R) and retry; nothing was deleted")
-    proc = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RunnerError("remove_failed", f"{path}: rm -rf failed: {proc.stderr.strip()}")
+    proc = run(["rm", "-rf", "--one-file-system", "--", str(path)], timeout=None)
+    if not proc.ok:
+        raise RunnerError("remove_failed", f"{path}: rm -rf failed: {(proc.stderr or proc.why).strip()}")

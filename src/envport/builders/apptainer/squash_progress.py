@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from envport.core.proc import dies_with_parent
+from envport.core.proc import spawn
 
 TICK_S = 4.0  # under the 5 s a build may stay silent
 BAR = re.compile(r"(\d+)/(\d+)\s+(\d+)%")
@@ -38,10 +38,8 @@ def progress_line(state: Optional[tuple[int, int, int]], seconds: float) -> str:
 def run_mksquashfs(argv: list[str], say: Callable[[str], None], tick_s: float = TICK_S) -> tuple[int, str]:
     """Run ARGV (mksquashfs ... with -progress -quiet), saying its progress every TICK_S; (exit code,
     its output with the bar's redraws cut to the last)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next
-                            # run deletes.
-                            preexec_fn=dies_with_parent(signal.SIGKILL))
+    # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
+    proc = spawn(argv, dies_with=signal.SIGKILL)
     chunks: list[str] = []
     state: list = [None]
 

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +39,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
 from envport.plan.steps import PipStep, Plan, step_marker
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, Rendering
 from envport.core.files import write_atomic
+from envport.core.proc import run
 
 InvalidFilename = (InvalidSdistFilename, InvalidWheelFilename)
 
@@ -135,9 +135,8 @@ def _resolve_phase(step: PipStep, wheelhouse: Path, python: str) -> list[str] | 
     env["PIP_CONFIG_FILE"] = os.devnull
     with tempfile.TemporaryDirectory(prefix="envport-pip-report-") as tmp:
         report = Path(tmp) / "report.json"
-        proc = subprocess.run(_dry_run_argv(step, wheelhouse, python, report), capture_output=True, text=True,
-                              env=env, timeout=600)
-        if proc.returncode != 0 or not report.is_file():
+        proc = run(_dry_run_argv(step, wheelhouse, python, report), env=env, timeout=600)
+        if not proc.ok or not report.is_file():
             return None
         data = json.loads(report.read_text())
     names = []

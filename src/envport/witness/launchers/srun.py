@@ -16,7 +16,7 @@ With a docker inner launcher each rank's container is named
 `envport-<name>-$SLURM_JOB_ID-$SLURM_PROCID` and labelled with the job and
 this run, and the wrapper removes it when Slurm signals the task (scancel,
 --kill-on-bad-exit, the time limit): a killed docker client alone would leave
-the container running (RECIPES.md, measured).
+the container running (measured).
 
 `srun -n 4` on a 2-CPU node pends forever (Reason=PartitionConfig), so
 `--overcommit` is added when more tasks than a node's CPUs are asked for
