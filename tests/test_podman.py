@@ -16,17 +16,19 @@ here: 185 s).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from .support import REPO, copy_project, missing, unique, write_spec
+from .support import copy_project, copy_tracked, missing, unique, write_spec
 
 USER = os.environ.get("ENVPORT_PODMAN_USER", "envport-podman")
 SINGLE_UID_USER = os.environ.get("ENVPORT_PODMAN_1UID_USER", "envport-podman-1uid")
@@ -82,7 +84,10 @@ def envport(name: str, *args: str, project: Path, timeout: float = 900, exit_cod
 
 @pytest.fixture(scope="session")
 def user_venv():
-    """PODMAN_VENV with this checkout's envport (editable) for the test user's python; made once, kept."""
+    """PODMAN_VENV with this checkout's envport for the test user's python; made once per content, kept.
+
+    Installed from a copy of the tracked files, not editable: the checkout may sit where the test user cannot
+    read (a clone under a 0700 home), and a package build in the checkout would leave build/ behind."""
     if shutil.which("podman") is None or shutil.which("runuser") is None:
         missing("podman or runuser not installed (.ci/install.sh installs podman)")
     if os.geteuid() != 0:
@@ -91,12 +96,19 @@ def user_venv():
     PODMAN_VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{PODMAN_VENV}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (marker.is_file() and marker.read_text() == str(REPO)):
-            subprocess.run([USER_PYTHON, "-m", "venv", str(PODMAN_VENV)], check=True, timeout=300)
-            pip = [str(PODMAN_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
-            subprocess.run([*pip, *USER_DEPS], check=True, timeout=900, capture_output=True)
-            subprocess.run([*pip, "--no-deps", "-e", str(REPO)], check=True, timeout=600, capture_output=True)
-            marker.write_text(str(REPO))
+        with tempfile.TemporaryDirectory(prefix="envport-podman-src-") as src:
+            copy_tracked(Path(src))
+            digest = hashlib.sha256()
+            for path in sorted(Path(src).rglob("*")):
+                if path.is_file():
+                    digest.update(str(path.relative_to(src)).encode() + b"\0" + path.read_bytes())
+            if not (marker.is_file() and marker.read_text() == digest.hexdigest()):
+                subprocess.run([USER_PYTHON, "-m", "venv", str(PODMAN_VENV)], check=True, timeout=300)
+                pip = [str(PODMAN_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+                subprocess.run([*pip, *USER_DEPS], check=True, timeout=900, capture_output=True)
+                subprocess.run([*pip, "--no-deps", "--force-reinstall", src], check=True, timeout=600,
+                               capture_output=True)
+                marker.write_text(digest.hexdigest())
     return PODMAN_VENV
 
 
