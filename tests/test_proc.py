@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from envport.core.proc import run
+from envport.core.proc import run, spawn, stream_lines
 
 PARENT = """
 import subprocess, sys, signal
@@ -80,3 +80,20 @@ def test_spawn_joins_stderr_to_stdout_in_order_and_reads_no_terminal():
     out = child.stdout.read()
     child.stdout.close()
     assert child.wait() == 0 and out == "one\ntwo\nno-stdin\n"
+
+
+def test_stream_lines_feeds_each_line_and_stops_the_child_when_the_reader_fails():
+    """The build clients' runner (engines/docker.run_buildkit, engines/podman.build): every line reaches the
+    caller, and a caller that raises (an interrupt) leaves no child running."""
+    seen = []
+    proc = spawn(["sh", "-c", "echo one; echo two; exit 3"], text=True)
+    assert stream_lines(proc, seen.append) == 3 and seen == ["one\n", "two\n"]
+
+    proc = spawn(["sh", "-c", "echo go; exec sleep 300"], text=True)
+
+    def stop(line):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stream_lines(proc, stop, grace_s=5)
+    assert proc.poll() is not None, "the child still runs after the reader was interrupted"

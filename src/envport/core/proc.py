@@ -78,6 +78,24 @@ def spawn(argv: Sequence[str], *, cwd: Optional[PathLike] = None, env: Optional[
                             start_new_session=new_session)
 
 
+def stream_lines(proc: subprocess.Popen, on_line: Callable[[str], None], grace_s: float = 20) -> int:
+    """PROC's text output fed to ON_LINE line by line, then its exit code. On any exception (an interrupt,
+    a failing ON_LINE) PROC gets SIGINT, as a Ctrl-C, so a build client cancels its build in the engine,
+    and is killed after GRACE_S; the exception goes on."""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line)
+        return proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
 class Terminated(KeyboardInterrupt):
     """A SIGTERM, raised as an interrupt by `sigterm_interrupts`."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envport.core.proc import run as proc_run
-from envport.core.proc import spawn
+from envport.core.proc import spawn, stream_lines
 from envport.core.verdict import StepResult, Verdict
 
 
@@ -128,17 +128,7 @@ def run_buildkit(argv: list[str], cwd: Path, on_line: Callable[[str], None]) -> 
             raise Interrupted(signum)
         previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            on_line(line)
-        return proc.wait()
-    except BaseException:
-        proc.send_signal(signal.SIGINT)  # the client cancels the build in the engine
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+        return stream_lines(proc, on_line)  # an interrupt: SIGINT, the client cancels the build in the engine
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from envport.core.proc import run, spawn
+from envport.core.proc import run, spawn, stream_lines
 from envport.core.verdict import StepResult, Verdict
 
 # What podman needs to find its storage, config and runroot; nothing else of the host's environment reaches
@@ -129,18 +128,7 @@ def build(argv: Sequence[str], cwd: Path, on_line: Callable[[str], None]) -> int
     """`podman build ARGV`, its output line by line; a killed envport takes the build along."""
     proc = spawn([podman(), "build", *argv], cwd=cwd, env=cli_env(), text=True, errors="replace",
                  dies_with=signal.SIGTERM)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            on_line(line)
-        return proc.wait()
-    except BaseException:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+    return stream_lines(proc, on_line)
 
 
 def run_in_image(image_ref: str, argv: Sequence[str], timeout: float = 120, stdin: Optional[str] = None):
