@@ -178,6 +178,14 @@ def test_one_url_string_where_a_list_is_expected_is_a_one_element_list(project):
     assert phase["extra_index_urls"] == ["https://example.org/simple"], phase
 
 
+def test_one_url_string_in_a_site_profile_is_a_one_element_list():
+    from envport.plan.site import PipSources
+
+    pip = PipSources.model_validate({"find_links": "https://example.org/wheels/",
+                                     "extra_index_urls": "https://example.org/simple"})
+    assert pip.find_links == ["https://example.org/wheels/"] and pip.extra_index_urls == ["https://example.org/simple"]
+
+
 def test_docs_spec_md_documents_every_witness_field():
     from envport.spec.model import CliCheck, Collectives, DTensorCheck, Witnesses
 
@@ -191,7 +199,8 @@ def test_docs_spec_md_documents_every_witness_field():
 
 
 def test_lock_names_what_moved_spec_phases_and_versions_old_to_new(tmp_path):
-    from .test_lock import PY, local_phase, make_wheel
+    from .support import PY
+    from .tinywheels import local_phase, make_wheel
 
     (tmp_path / "specs").mkdir()
     wheels = tmp_path / "wheels"

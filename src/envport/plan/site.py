@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from envport.core import secrets
 from envport.core.errors import EnvportError, Problem, SpecError
-from envport.spec.model import IMAGE_RE, FindLink, Line, Url
+from envport.spec.model import IMAGE_RE, FindLinkList, Line, Url, UrlList
 from envport.spec.yamlfile import load_model, read_bytes
 from envport.plan.steps import BaseStep, CaStep, PipStep, Plan, pip_source_args
 
@@ -62,8 +62,9 @@ class _Model(BaseModel):
 
 class PipSources(_Model):
     index_url: Optional[Url] = None
-    extra_index_urls: list[Url] = []
-    find_links: list[FindLink] = []
+    # One string is a one-element list, as in a spec's pip phase (and pip's own `-f URL`).
+    extra_index_urls: UrlList = []
+    find_links: FindLinkList = []
 
 
 class SshHost(_Model):
