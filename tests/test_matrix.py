@@ -23,6 +23,8 @@ import pytest
 
 from .sif_fixtures import require_sif_tools
 from .support import REPO, as_json, cli_env, fail_with, missing, run_envport, unique, write_spec
+from envport.spec.loader import all_spec_names
+from envport.targets.registry import NAMES
 
 pytest_plugins = ["tests.sif_fixtures"]
 
@@ -51,7 +53,7 @@ def test_docker_missing_from_path_makes_the_docker_pair_unrunnable_with_the_reas
     assert proc.returncode == 0 and out["command"] == "matrix" and out["exit_code"] == 0, proc.stderr
     pairs = _pairs(out)
     assert set(pairs) == {"demo-cpu docker", "demo-cpu apptainer", "demo-cpu venv", "demo-cpu conda",
-                          "demo-cpu venv@test"}
+                          "demo-cpu podman", "demo-cpu venv@test"}
     docker = pairs["demo-cpu docker"]
     assert docker["runnable"] is False and docker["why_not"].startswith("runtime_missing: docker engine: no docker")
     engine = next(n for n in docker["needs"] if n["what"] == "docker engine")
@@ -77,7 +79,7 @@ def test_docker_missing_from_path_makes_the_docker_pair_unrunnable_with_the_reas
                           capture_output=True, text=True, timeout=120, env=env)
     row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("demo-cpu docker "))
     assert " no " in row and "runtime_missing [" in row and "no docker client on PATH" in proc.stdout, proc.stdout
-    assert "1 of 5 pair(s) runnable here" in proc.stdout
+    assert "1 of 6 pair(s) runnable here" in proc.stdout
 
 
 def test_env_and_target_filters(project):
@@ -154,7 +156,8 @@ def test_committed_workflow_is_generated_byte_identical_and_drift_is_reported(pr
     assert text == for_project(REPO, loaded)
     assert (REPO / WORKFLOW).read_text() == text, "run `envport matrix --format github` and commit the workflow"
     # One job per pair: every spec x target, a GPU spec's on the self-hosted GPU label.
-    assert text.count("\n          - {pair: ") == len(loaded) * 5
+    rows = len(NAMES) + 1  # every target, and the site's one SSH host
+    assert text.count("\n          - {pair: ") == len(loaded) * rows
     assert '{pair: "chai-lab-docker", env: "chai-lab", target: "docker", host: "", local-base: false, ' \
            'runner: ["self-hosted", "linux", "gpu", "gpus-1"]}' in text
     assert '{pair: "demo-cpu-ssh-test", env: "demo-cpu", target: "venv", host: "test", local-base: false, ' \
@@ -170,7 +173,7 @@ def test_committed_workflow_is_generated_byte_identical_and_drift_is_reported(pr
     proc = run_envport("render", "--all", "--check", root=project, timeout=120)
     assert proc.returncode == 1 and f"drift: {WORKFLOW}\n" in proc.stderr
     proc = run_envport("matrix", "--format", "github", root=project, timeout=120, check=True)
-    assert "(30 jobs)" in proc.stdout and _workflow_check(project) == ("OK", [])
+    assert "(36 jobs)" in proc.stdout and _workflow_check(project) == ("OK", [])
     (project / WORKFLOW).write_text((project / WORKFLOW).read_text() + "# edited by hand\n")
     run_envport("render", "--all", root=project, timeout=120, check=True)  # regenerates it with images/
     assert _workflow_check(project) == ("OK", [])
@@ -238,7 +241,7 @@ def test_ci_matrix_runs_every_demo_cpu_pair_this_host_can(demo_image, local_venv
         row = next((ln for ln in table.splitlines() if ln.startswith(f"| {label} |")), "")
         assert "| OK |" in row and "every step ok" in row, table
     cases = ET.parse(junit).getroot().findall("testcase")
-    assert len(cases) == 5 * 5
+    assert len(cases) == len(all_spec_names(REPO)) * (len(NAMES) + 1)  # every target and the SSH host
     for key in ("docker", "apptainer", "venv", "ssh-test"):
         mine = {c.get("name"): c for c in cases if c.get("classname") == f"matrix.demo-cpu-{key}"}
         assert list(mine) == ["preflight", "build", "weights", "verify", "witness"]

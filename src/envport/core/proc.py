@@ -92,7 +92,8 @@ def stream_lines(proc: subprocess.Popen, on_line: Callable[[str], None], grace_s
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # SIGINT ignored (a child of a nohup'd run inherits SIG_IGN): reaped below
+            proc.wait()
         raise
 
 
