@@ -31,6 +31,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 from envport.core.errors import ReasonError
 from envport.core.files import replacing
 # The layout's constants live with the stdlib-only reader of the no-op build (engines/sif_header.py).
@@ -406,13 +407,16 @@ def _copy_chunk(dst, src, n: int) -> int:
 
 def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: bytes,
               squashfs_path: str | os.PathLike, created: int, uuid: bytes,
-              arch: str = "amd64", extra_json: tuple[tuple[str, bytes], ...] = ()) -> SifInfo:
+              arch: str = "amd64", extra_json: tuple[tuple[str, bytes], ...] = (),
+              finish: Optional[Callable[[Path], None]] = None) -> SifInfo:
     """Assemble a SIF as `apptainer build` lays it out; the same inputs give the same bytes.
 
     EXTRA_JSON adds named JSON.Generic objects after `inspect-metadata.json`
     (apptainer itself adds `oci-config.json` the same way; readers look objects
     up by name).  The file appears under PATH only when complete: it is
-    written to a hidden partial name in the same directory and renamed at the end."""
+    written to a hidden partial name in the same directory and renamed at the end;
+    FINISH (e.g. appending an SBOM object) runs on that partial first, so what it adds is there
+    before the file has its name."""
     path, squashfs_path = Path(path), Path(squashfs_path)
     if len(uuid) != 16:
         raise ValueError(f"uuid must be 16 bytes, got {len(uuid)}")
@@ -446,6 +450,8 @@ def write_sif(path: str | os.PathLike, *, deffile: bytes, inspect_metadata: byte
             out.truncate(part[0] + sq_size)
             out.flush()
             os.fsync(out.fileno())
+        if finish is not None:
+            finish(partial)
     return read_sif(path)
 
 

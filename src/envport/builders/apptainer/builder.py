@@ -44,7 +44,6 @@ from envport.builders.apptainer import bootstrap as boot
 from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
 from envport.builders.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
 from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
-from envport.core.files import replacing
 from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
@@ -391,13 +390,13 @@ class SifBuild:
         digest = sif_content.partition_sha256(str(squashfs), 0, sqfs_size)
         # The SBOM goes in before the SIF gets its name (a build cut short leaves no SIF without one) and
         # before any signature (`build --sign` signs after this step): the signature covers it.
-        with replacing(self.sif, mode=0o755) as partial:
-            write_sif(partial, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
-                      squashfs_path=squashfs, created=self.created,
-                      uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
-                      arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),))
-            packages = self._embed_sbom(partial, rootfs)
-        info = read_sif(self.sif)
+        sbom_count: list[int] = []  # set by the finish step, on the partial
+        info = write_sif(self.sif, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
+                         squashfs_path=squashfs, created=self.created,
+                         uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
+                         arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),),
+                         finish=lambda partial: sbom_count.append(self._embed_sbom(partial, rootfs)))
+        packages = sbom_count[0]
         sif_record.write(str(self.sif), hash_, digest, sif_content.layout(info))
         self.timings["assemble"] = time.monotonic() - t
         return StepResult(self.step, Verdict.OK, f"{self.sif} ({_size(info.file_size)}, squashfs {comp})",
