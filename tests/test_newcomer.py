@@ -205,7 +205,7 @@ def test_lock_names_what_moved_spec_phases_and_versions_old_to_new(tmp_path):
     (tmp_path / "specs").mkdir()
     wheels = tmp_path / "wheels"
     for name, version in (("envport-ta", "1.0"), ("envport-tc", "3.0"), ("envport-tc", "3.1"), ("envport-td", "1.0")):
-        make_wheel(wheels, name, version, {f"{name.replace('-', '_')}/__init__.py": f"V = {version!r}\n"})
+        make_wheel(wheels, name, version, files={f"{name.replace('-', '_')}/__init__.py": f"V = {version!r}\n"})
     write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-ta==1.0", "envport-tc==3.0")])
     first = as_json(run_envport("lock", "tiny", "--json", root=tmp_path, timeout=600, check=True))
     assert first["steps"][0]["data"]["changes"] == [], first

@@ -80,7 +80,10 @@ def test_siftool_lists_what_apptainer_writes(demo_sif: BuiltSif):
     assert out.returncode == 0, out.stderr
     rows = [[c.strip() for c in ln.split("|")] for ln in out.stdout.splitlines() if ln[:1].isdigit()]
     assert [(r[1], r[4]) for r in rows] == [("1", "Def.FILE"), ("1", "JSON.Generic"), ("1", "JSON.Generic"),
-                                             ("1", "FS (Squashfs/*System/amd64)")], out.stdout
+                                             ("1", "FS (Squashfs/*System/amd64)"),
+                                             # envport's one addition (issue 22): the CycloneDX SBOM,
+                                             # in SIF's own SBOM data type, after the partition.
+                                             ("1", "SBOM (cyclonedx-json)")], out.stdout
     info = read_sif(demo_sif.path)
     assert [d.name for d in info.descriptors[1:3]] == ["inspect-metadata.json", SPEC_OBJECT]
     assert primary_partition(info).offset % 4096 == 0
