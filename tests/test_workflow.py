@@ -78,6 +78,9 @@ def test_matrix_refuses_the_pairs_whose_lock_the_site_cannot_serve(project):
     site_file.write_text(yaml.safe_dump(data, sort_keys=False))
     proc = run_envport("matrix", "--format", "github", root=project, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
+    # The exit code the user sees is the one --help documents (issue 27: it said only 0 and 1).
+    help_text = " ".join(run_envport("matrix", "--help", root=project).stdout.split())
+    assert "--format github 3 when a pair was left out" in help_text, help_text
     refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED")]
     assert [ln.split()[1] for ln in refused] == [f"demo-cpu-{t}" for t in
                                                   ("docker", "apptainer", "venv", "conda", "podman", "ssh-test")], proc.stdout

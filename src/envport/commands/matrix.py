@@ -30,7 +30,9 @@ def register(sub) -> None:
                        "printing each pair's progress prefixed with its name; the pairs it cannot run are "
                        "listed as skipped with the reason. --format github writes .github/workflows/envs.yml "
                        "(one job per pair; `envport render --all --check` reports its drift). Exit code: 0 "
-                       "when listing; with --run 1 when any pair's `up` did not end ok.")
+                       "when listing; with --format github 3 when a pair was left out of the workflow "
+                       "(REFUSED [lock_source]: its lock pins a file the site's pip sources cannot serve); "
+                       "with --run 1 when any pair's `up` did not end ok.")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table (default), json (the one --json shape: command, exit_code, steps, problems, "
                    "pairs), or github: write .github/workflows/envs.yml")
