@@ -3,10 +3,12 @@
 an empty folder with only the public key, inspected, and run with `witness` under a site that requires it
 signed; its SBOM compared with `pip list` and `dpkg-query -W` run inside it.
 
-The pull runs as another user (uid/gid 65534, `setpriv --reuid --regid --clear-groups`: this test changes
-no host state, it only starts a process under that uid) where that user can run this interpreter; where it
-cannot (an interpreter under a 0700 home) the pull runs as this user with an empty HOME and DOCKER_CONFIG,
-and the test says which in its `pull_user` property and on stdout.
+The pull runs as another user (uid/gid 65534, `setpriv --reuid --regid --clear-groups`). Where this
+interpreter lives under a home that user cannot enter (pyenv under a 0700 /root), the pull runs in a private
+mount namespace (`unshare --mount --propagation private`) whose view of that home is a 0755 tmpfs holding only
+the interpreter's folder, bound back at its own path: this test changes no host state (the namespace and its
+mounts end with the process). Only where neither works (not root, no setpriv) the pull runs as this user with
+an empty HOME and DOCKER_CONFIG, and the test says which in its `pull_user` property and on stdout.
 """
 
 from __future__ import annotations
@@ -31,14 +33,37 @@ pytest_plugins = ["tests.sif_fixtures"]
 OTHER_UID = 65534
 
 
-def _other_user_argv() -> list[str]:
-    """setpriv to OTHER_UID when that user can import envport with this interpreter, else []."""
-    argv = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups"]
+# Run by root in the private namespace: $1 the home the other user cannot enter, $2 the interpreter's folder
+# in it, $3 an empty staging dir; then the command. The folder is bound aside, a 0755 tmpfs covers the home, and
+# the folder is bound back at its own path, so the interpreter, its libpython and its .pth paths are unchanged.
+_REVEAL = ('set -e; home=$1; dir=$2; stage=$3; shift 3; mount --bind "$home/$dir" "$stage"; '
+           'mount -t tmpfs -o mode=0755 envport-test-home "$home"; mkdir "$home/$dir"; '
+           'mount --bind "$stage" "$home/$dir"; exec "$@"')
+
+
+def _closed_ancestor(path: Path) -> tuple[Path, str] | None:
+    """(the first ancestor of PATH others cannot enter, the name of its child on the way to PATH)."""
+    for parent in reversed(path.parents):
+        if parent != Path("/") and not parent.stat().st_mode & 0o001:
+            return parent, path.relative_to(parent).parts[0]
+    return None
+
+
+def _other_user_argv(stage: Path) -> list[str]:
+    """An argv prefix that runs this interpreter as OTHER_UID (ends with the interpreter), else []."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return []
-    probe = subprocess.run([*argv, sys.executable, "-c", "import envport.cli, oras"], capture_output=True,
-                           timeout=60, cwd="/")
-    return argv if probe.returncode == 0 else []
+    become = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", sys.executable]
+    tries = [become]
+    closed = _closed_ancestor(Path(sys.executable).resolve())
+    if closed and shutil.which("unshare"):
+        tries.append(["unshare", "--mount", "--propagation", "private", "sh", "-c", _REVEAL, "envport-reveal",
+                      str(closed[0]), closed[1], str(stage), *become])
+    for argv in tries:
+        probe = subprocess.run([*argv, "-c", "import envport.cli, oras"], capture_output=True, timeout=60, cwd="/")
+        if probe.returncode == 0:
+            return argv
+    return []
 
 
 # demo-cpu's SIF (mksquashfs of ~1.1 GB) is built in this test's setup when no test before it built it.
@@ -78,14 +103,15 @@ def test_signed_pushed_pulled_inspected_and_run_under_require_signed(demo_sif, r
         (alone / "sites").mkdir()
         (alone / "specs").mkdir()
         write_site(alone, "admin", registry_ca=str(alone / "ca.crt"), trust={"keys": ["../pub.pem"]})
-        as_other = _other_user_argv()
+        (alone / "stage").mkdir()
+        as_other = _other_user_argv(alone / "stage")
         if as_other:
             for path in (alone, *alone.rglob("*")):
                 os.chown(path, OTHER_UID, OTHER_UID)
         record_property("pull_user", OTHER_UID if as_other else os.geteuid())
         print(f"pull as uid {OTHER_UID if as_other else os.geteuid()}")
         env = {**sif_env(), "HOME": str(alone / "home"), "DOCKER_CONFIG": str(alone / "home" / ".docker")}
-        proc = subprocess.run([*as_other, sys.executable, "-m", "envport", "-C", str(alone), "pull",
+        proc = subprocess.run([*(as_other or [sys.executable]), "-m", "envport", "-C", str(alone), "pull",
                                registry.url(repo, "v1"), "--site", "admin", "-o", str(alone / "pulled"),
                                "--json"], capture_output=True, text=True, env=env, cwd=alone, timeout=900)
         assert proc.returncode == 0, fail_with(proc, "envport pull as the admin")
