@@ -291,3 +291,44 @@ def test_a_named_target_without_gc_is_refused_and_a_bad_hold_is_a_usage_error(pr
     hold = run_envport("gc", name, "--hold", "a" * 12, root=project, env=env, timeout=120)
     ledger = run_envport("ledger", name, "--json", root=project, env=env, timeout=120)
     assert hold.returncode == 0 and [r["kind"] for r in json.loads(ledger.stdout)["records"]] == ["hold"]
+
+
+# --- podman: the same marks in podman's own storage --------------------------------------------------------
+
+def _podman(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], input=stdin, capture_output=True, timeout=120)
+
+
+def test_gc_removes_old_podman_images_and_leaves_unlabelled_ones(project, tmp_path):
+    """In the storage of the user the tests run as (a host change, said so: two 1 MB images, removed at the end;
+    tests/test_podman.py covers podman as an unprivileged user)."""
+    from .support import missing
+
+    if _podman("info").returncode != 0:
+        missing("podman does not answer as this user (`podman info`)")
+    name = unique("gc-podman")
+    write_spec(project, name)
+    env = _env(tmp_path)
+    cur, old = _hash(project, name), _old(f"{name}-old")
+    try:
+        for hash_, labels in ((cur, {"envport.name": name, "envport.hash": cur}),
+                              (old, {"envport.name": name, "envport.hash": old}), ("d" * 64, {})):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                data = os.urandom(1 << 20)
+                info = tarfile.TarInfo("payload")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            changes = sum((["-c", f"LABEL {k}={v}"] for k, v in labels.items()), [])
+            ran = _podman("import", *changes, "-", f"envport/{name}:{hash_[:12]}", stdin=buf.getvalue())
+            assert ran.returncode == 0, ran.stderr
+        proc, out = _gc(project, env, name, "--target", "podman", "--keep", "0")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert _actions(out) == {cur[:12]: "kept", old[:12]: "removed", "d" * 12: "left"}
+        assert out["freed_bytes"] >= 1 << 20
+        listed = _podman("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference=envport/{name}")
+        assert sorted(listed.stdout.decode().split()) == sorted(f"localhost/envport/{name}:{h}"
+                                                                for h in (cur[:12], "d" * 12))
+    finally:
+        for hash_ in (cur, old, "d" * 64):
+            _podman("rmi", f"envport/{name}:{hash_[:12]}")
