@@ -43,6 +43,7 @@ COMMANDS = [
     "parity",
     "matrix",
     "ledger",
+    "gc",
 ]
 
 EXIT_CODES_HELP = """exit codes:

@@ -18,3 +18,10 @@ def quiet(_line: str) -> None:
 
 def tail(text: str, n: int = 30) -> list[str]:
     return text.rstrip().splitlines()[-n:]
+
+
+def human_size(n: int) -> str:
+    """Bytes as a build line says them: GB with two decimals, else MB, kB below one MB."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"

@@ -207,3 +207,47 @@ def run_in_image(client, image: str, argv: list[str], timeout: float = 120) -> t
     finally:
         with contextlib.suppress(Exception):
             container.remove(force=True)
+
+
+def repo_images(client, repo: str, cache: dict) -> list[dict]:
+    """Every image with a tag REPO:*, as envport gc reads it: {id, tags, labels, created (epoch s), bytes (what
+    the engine counts as its own, not shared with another image), containers (every container of it, stopped
+    too)}. The engine's usage and container lists are asked once per CACHE; a removal clears them."""
+    if "images" not in cache:
+        cache["images"] = {i["Id"]: i for i in client.df().get("Images") or []}
+        users: dict[str, list[str]] = {}
+        for c in client.api.containers(all=True):
+            users.setdefault(c.get("ImageID", ""), []).append(((c.get("Names") or ["?"])[0]).lstrip("/"))
+        cache["containers"] = users
+    out = []
+    for img in client.api.images(name=repo):
+        usage = cache["images"].get(img["Id"], img)
+        own = int(usage.get("Size") or 0) - max(int(usage.get("SharedSize") or 0), 0)
+        out.append({"id": img["Id"], "tags": list(img.get("RepoTags") or []), "labels": img.get("Labels") or {},
+                    "created": float(img.get("Created") or 0), "bytes": max(own, 0),
+                    "containers": sorted(cache["containers"].get(img["Id"], []))})
+    return out
+
+
+def layers_size(client) -> int:
+    """The bytes the engine's image layers take, all images together (`docker system df`)."""
+    return int(client.df().get("LayersSize") or 0)
+
+
+def untag(client, tag: str) -> str:
+    """Remove the tag TAG (the image and its layers too when nothing else holds them); '' or why not."""
+    import docker
+
+    try:
+        client.images.remove(tag)
+    except docker.errors.ImageNotFound:
+        return ""
+    except docker.errors.APIError as exc:
+        return str(exc.explanation or exc)[:300]
+    return ""
+
+
+def image_tags(client, image_id: str) -> Optional[list[str]]:
+    """IMAGE_ID's tags now, or None when the engine no longer has it."""
+    image = get_image(client, image_id)
+    return None if image is None else list(image.tags)

@@ -150,3 +150,35 @@ def start(image_ref: str, name: str, network: str, mounts: Sequence[tuple[str, s
 
 def remove_container(name: str) -> None:
     _podman("rm", "-f", "-t", "0", name, timeout=60)
+
+
+def repo_images(repo: str, cache: dict) -> list[dict]:
+    """Every image with a tag REPO:* in this user's storage, in engines/docker.py's repo_images shape (tags
+    as users write them, without podman's localhost/)."""
+    if "containers" not in cache:
+        ran = _podman("ps", "-a", "--format", "json", timeout=60)
+        users: dict[str, list[str]] = {}
+        for c in json.loads(ran.stdout or "[]") if ran.ok else []:
+            users.setdefault(c.get("ImageID", ""), []).append((c.get("Names") or ["?"])[0])
+        cache["containers"] = users
+    ran = _podman("images", "--format", "json", "--filter", f"reference={repo}", timeout=60)
+    if not ran.ok:
+        raise RuntimeError(f"podman images failed: {_last_line(ran.text)}")
+    out = []
+    for img in json.loads(ran.stdout or "[]"):
+        own = int(img.get("Size") or 0) - max(int(img.get("SharedSize") or 0), 0)
+        out.append({"id": img["Id"], "tags": [short_name(t) for t in img.get("Names") or []],
+                    "labels": img.get("Labels") or {}, "created": float(img.get("Created") or 0),
+                    "bytes": max(own, 0), "containers": sorted(cache["containers"].get(img["Id"], []))})
+    return out
+
+
+def untag(ref: str) -> str:
+    """Remove the tag REF (the image too when it was its last); '' or why not."""
+    ran = _podman("rmi", ref, timeout=120)
+    return "" if ran.ok or "image not known" in ran.text else _last_line(ran.text)
+
+
+def image_tags(image_id: str) -> Optional[list[str]]:
+    found = image(image_id)
+    return None if found is None else found["tags"]

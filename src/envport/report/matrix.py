@@ -185,9 +185,9 @@ def junit_xml(runs: list[PairRun]) -> bytes:
 
 
 def human_size(n: Optional[int]) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+    from envport.core.progress import human_size as size
+
+    return "-" if n is None else size(n)
 
 
 def summary_md(runs: list[PairRun], wall_s: Optional[float] = None, jobs: Optional[int] = None) -> str:

@@ -4,7 +4,9 @@ Every command asks a backend the same questions through `base.Target`: its
 name and recipe kind, `needs()` (what the host must have; the matrix and
 preflight read it), `present()`, `build()`, `verify()` (the testinfra
 connection), `launcher()` (the witness launcher), `probe()` (parity's freeze,
-python and env), `slurm_wrap()` where it has one. What a backend cannot do
+python and env), `slurm_wrap()` where it has one, `artefacts()` and `remove()`
+(what its builds of any hash left on this host, for `envport gc`; targets/gc.py
+has what the image targets share). What a backend cannot do
 is declared, with the reason, in its `unsupported` table: the operation then
 raises `base.Unsupported`, and the command says why (`witness --target conda`
 is REFUSED [unsupported] naming the reason) instead of not existing.

@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 from envport.targets import needs
-from envport.targets.base import PRESENT, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+from envport.targets.base import (PRESENT, Artefact, BuildRequest, GcRequest, Need, NeedsRequest, Target, VerifyRequest,
+                                  WitnessRequest)
 
 
 class Apptainer(Target):
@@ -110,5 +111,63 @@ class Apptainer(Target):
         with sif_run.mounted(Path(where)) as mnt:
             return run(sif_run.ch_run_argv(str(mnt), ["python3", "-", *names]), env=sif_run.ch_run_env())
 
+
+    def artefacts(self, req: GcRequest):
+        """`<sif_dir>/<name>-<hash12>.sif` files: this user's, and envport's by this machine's build record
+        or the SIF's own labels (a file in a shared sif_dir is another user's, or a copy: left)."""
+        import re
+
+        sif_dir = req.site.apptainer.sif_path(req.root)
+        pattern = re.compile(re.escape(req.name) + r"-([0-9a-f]{12})\.sif")
+        try:
+            entries = sorted(os.scandir(sif_dir), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for entry in entries:
+            m = pattern.fullmatch(entry.name)
+            if m is None:
+                continue
+            st = entry.stat(follow_symlinks=False)
+            out.append(Artefact(self.name, req.name, m.group(1), entry.path, st.st_blocks * 512, st.st_mtime,
+                                handle=entry.path, foreign=_not_envports(entry.path, st, req.name, m.group(1))))
+        return out
+
+    def remove(self, art):
+        from envport.builders.apptainer import sif_record
+
+        try:
+            os.unlink(art.handle)  # a name in sif_dir: never a link followed, never a folder
+        except FileNotFoundError:
+            return 0, "already gone"
+        sif_record.forget(art.handle)
+        return art.bytes, ""
+
+
+def _not_envports(path: str, st: os.stat_result, name: str, hash12: str) -> str:
+    """'' when PATH is a SIF envport built of NAME@HASH12 for this user, else why it is not."""
+    import stat
+
+    from envport.builders.apptainer import sif_record
+
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a link or a folder named like a SIF)"
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}, not this user: another user's SIF in a shared sif_dir"
+    rec = sif_record.read(path)
+    if rec is not None and rec["hash"].startswith(hash12):
+        return ""
+    from envport.engines.sif import SifError, read_sif, sif_labels
+
+    try:
+        labels = sif_labels(read_sif(path))
+    except SifError as exc:
+        return f"not a SIF envport can read ({exc.reason})"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if labels.get("envport.name") != name or not labels.get("envport.hash", "").startswith(hash12):
+        return (f"its labels say envport.name={labels.get('envport.name', '(none)')}, envport.hash="
+                f"{labels.get('envport.hash', '(none)')[:12]}: no envport build of {name}@{hash12}")
+    return ""
 
 TARGET = Apptainer()

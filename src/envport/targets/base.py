@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional
 
@@ -17,7 +17,8 @@ VERIFY = "verify"
 WITNESS = "witness"
 PROBE = "parity"
 SLURM = "slurm"
-OPERATIONS = (BUILD, PRESENT, VERIFY, WITNESS, PROBE, SLURM)
+GC = "gc"
+OPERATIONS = (BUILD, PRESENT, VERIFY, WITNESS, PROBE, SLURM, GC)
 UNSUPPORTED_REASON = "unsupported"
 
 
@@ -30,6 +31,14 @@ class Unsupported(Exception):
 
     def result(self, step: str, verdict: Verdict = Verdict.REFUSED) -> StepResult:
         return StepResult(step, verdict, str(self), reason=UNSUPPORTED_REASON)
+
+
+class Unavailable(Exception):
+    """The operation cannot run on this host now (an engine that does not answer): RESULT says why and the fix."""
+
+    def __init__(self, result: StepResult):
+        self.result = result
+        super().__init__(result.detail)
 
 
 @dataclass
@@ -115,6 +124,34 @@ class SlurmRequest:
     prefix: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class GcRequest:
+    name: str  # the env's name: only artefacts named for it are looked at
+    site: Any  # plan.site.Site: where its SIFs live
+    root: Path
+    cache: dict = field(default_factory=dict)  # one gc run's engine answers, asked once for every env
+
+
+@dataclass(frozen=True)
+class Artefact:
+    """One thing a build of env NAME left on this host, found by the marks envport's own builds leave.
+
+    `foreign` says why it is not envport's after all (named like one, without envport's marks): gc lists it
+    and never touches it. `unfinished`: a build that never became the env (killed), removed whatever its
+    hash. `busy`: why it cannot be removed now (a container uses the image, a build holds the env's lock)."""
+
+    target: str
+    name: str
+    hash12: str
+    where: str  # an image tag, a SIF's path, an env's folder
+    bytes: int  # what removing it frees
+    made: float  # epoch seconds it was made: the order of old hashes no ledger record names
+    handle: Any = None  # the target's own: an image id, the paths to remove
+    foreign: str = ""
+    unfinished: bool = False
+    busy: str = ""
+
+
 # probe(run, where, names): `run(argv, env=None) -> (rc, text)` runs parity's probe script on stdin.
 ProbeRun = Callable[..., tuple[Optional[int], str]]
 
@@ -182,6 +219,15 @@ class Target(ABC):
     def slurm_wrap(self, req: SlurmRequest) -> dict:
         """Where a Slurm task finds the env: witness/slurm_job.JobSpec's image, sif or prefix field."""
         raise self.refuse(SLURM)
+
+    # --- what old builds left ---------------------------------------------------------
+    def artefacts(self, req: GcRequest) -> list[Artefact]:
+        """Every build of env REQ.name this target left on this host, of any hash (`envport gc`)."""
+        raise self.refuse(GC)
+
+    def remove(self, art: Artefact) -> tuple[int, str]:
+        """Remove ART (one of `artefacts`): (the bytes that freed, '' or what stayed and why)."""
+        raise self.refuse(GC)
 
 
 def launcher_for(target: Target, loaded, site, identity, opts, **where) -> tuple[Any, dict]:

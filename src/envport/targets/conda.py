@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from envport.targets.base import SLURM, WITNESS
+from envport.targets.base import GC, SLURM, WITNESS
 from envport.targets.host import HostTarget
 
 SOLVERS = ("micromamba", "mamba", "conda")
@@ -20,6 +20,8 @@ class Conda(HostTarget):
         WITNESS: "envport has no witness launcher for a conda env yet (verify checks its contents; "
                  "the witnesses run in docker, venv and apptainer envs)",
         SLURM: "witness/slurm_job.py has no conda task wrapper yet (the job activates a venv or runs a container)",
+        GC: "a conda env is one per name, replaced whole by its next build: no old hash is left beside it "
+            "(`micromamba env remove -n NAME` removes the env itself)",
     }
 
     def env_disk(self, spec, project_root):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 from envport.targets import needs
-from envport.targets.base import PRESENT, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+from envport.targets.base import (PRESENT, BuildRequest, GcRequest, Need, NeedsRequest, Target, Unavailable,
+                                  VerifyRequest, WitnessRequest)
 
 
 class Docker(Target):
@@ -70,6 +72,36 @@ class Docker(Target):
 
     def probe(self, run, where, names, site=None, host=None):
         return run(["docker", "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])
+
+    def _client(self, req_cache: dict):
+        from envport.engines.docker import connect
+
+        if "client" not in req_cache:
+            client, refused = connect("gc docker", timeout=300)
+            if refused is not None:
+                raise Unavailable(refused)
+            req_cache["client"] = client
+        return req_cache["client"]
+
+    def artefacts(self, req: GcRequest):
+        from envport.engines.docker import repo_images
+        from envport.targets.gc import image_artefacts
+
+        cache = req.cache.setdefault(self.name, {})
+        client = self._client(cache)
+        arts = image_artefacts(self.name, req.name, repo_images(client, f"envport/{req.name}", cache), "docker rm")
+        return [dataclasses.replace(a, handle={**a.handle, "cache": cache}) for a in arts]
+
+    def remove(self, art):
+        from envport.engines.docker import image_tags, layers_size, untag
+        from envport.targets.gc import remove_image
+
+        cache = art.handle["cache"]
+        client = cache["client"]
+        before = layers_size(client)
+        why = remove_image(art, lambda t: untag(client, t), lambda i: image_tags(client, i))
+        cache.pop("images", None)  # what the other images hold alone has changed
+        return max(before - layers_size(client), 0), why
 
 
 TARGET = Docker()

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 from envport.core.verdict import StepResult, Verdict
-from envport.targets.base import PRESENT, SLURM, BuildRequest, Need, NeedsRequest, Target, VerifyRequest, WitnessRequest
+from envport.targets.base import (PRESENT, SLURM, BuildRequest, GcRequest, Need, NeedsRequest, Target, Unavailable,
+                                  VerifyRequest, WitnessRequest)
 
 NAME = "podman"
 RECIPE = "docker"  # the Dockerfile docker builds, byte for byte: one identity, one plan
@@ -304,5 +305,23 @@ class Podman(Target):
     def probe(self, run, where, names, site=None, host=None):
         return run([_engine().podman(), "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])
 
+
+    def artefacts(self, req: GcRequest):
+        from envport.targets.gc import image_artefacts
+
+        cache = req.cache.setdefault(self.name, {})
+        if "refused" not in cache:
+            cache["refused"] = _engine().problem("gc podman")
+        if cache["refused"] is not None:
+            raise Unavailable(cache["refused"])
+        images = _engine().repo_images(f"envport/{req.name}", cache)
+        return image_artefacts(self.name, req.name, images, "podman rm")
+
+    def remove(self, art):
+        from envport.targets.gc import remove_image
+
+        # podman counts no layer total cheaply: what the image held alone when gc looked
+        why = remove_image(art, _engine().untag, _engine().image_tags)
+        return (0 if why else art.bytes), why
 
 TARGET = Podman()

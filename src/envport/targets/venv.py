@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
-from envport.targets.base import WitnessRequest
+from envport.targets.base import Artefact, GcRequest, WitnessRequest
 from envport.targets.host import HostTarget
 
 
@@ -81,5 +82,110 @@ class Venv(HostTarget):
                                  read_only=[h for h, _ in weights.existing_mounts(spec, weights.weights_root())])
         return launcher, {"prefix": str(python.parent.parent)}
 
+
+    def artefacts(self, req: GcRequest):
+        """This host's env (the link `<envs>/<name>` and the build it names) and every other build under
+        `<envs>/.<name>.builds` (killed, or replaced and not yet cleared by the next build)."""
+        from envport.core.layout import env_prefix
+        from envport.targets.gc import tree_bytes
+
+        prefix = env_prefix(req.name)
+        builds = prefix.parent / f".{req.name}.builds"
+        lock = prefix.parent / f".{req.name}.lock"
+        out, current = [], None
+        if prefix.is_symlink():
+            target = os.readlink(prefix)
+            if os.path.realpath(os.path.dirname(os.path.join(prefix.parent, target))) != os.path.realpath(builds):
+                out.append(Artefact(self.name, req.name, "", str(prefix), 0, 0.0,
+                                    foreign=f"a link to {target}, outside envport's {builds}"))
+            else:
+                current = os.path.basename(target)
+        elif prefix.exists():
+            out.append(Artefact(self.name, req.name, "", str(prefix), 0, 0.0,
+                                foreign="a folder, not the link envport's setup script makes"))
+        try:
+            entries = sorted(os.scandir(builds), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            entries = []
+        if builds.is_symlink():
+            entries = []  # a builds folder that is a link leads outside the envs dir: nothing in it is looked at
+        busy = _locked_by_a_build(lock) if entries else ""
+        for e in entries:
+            m = BUILD_NAME.fullmatch(e.name)
+            if m is None:
+                continue
+            is_dir = e.is_dir(follow_symlinks=False)
+            st = e.stat(follow_symlinks=False)
+            handle = {"path": e.path, "dir": is_dir, "lock": str(lock), "link": None}
+            if e.name != current:
+                out.append(Artefact(self.name, req.name, m.group(1) or "", e.path,
+                                    tree_bytes(e.path) if is_dir else 0, st.st_mtime, handle=handle,
+                                    unfinished=True, busy=busy))
+                continue
+            hash_file = os.path.join(e.path, ".envport", "hash")
+            try:
+                with open(hash_file, encoding="utf-8", errors="replace") as fh:
+                    recorded = fh.read(200).strip()
+            except OSError:
+                recorded = ""
+            foreign = "" if is_dir and recorded.startswith(m.group(1) or "-") else \
+                f"the env's build {e.name} has no .envport/hash of {m.group(1)}: not a finished envport build"
+            out.append(Artefact(self.name, req.name, m.group(1), str(prefix), tree_bytes(e.path),
+                                os.lstat(hash_file).st_mtime if recorded else st.st_mtime,
+                                handle={**handle, "link": str(prefix)}, foreign=foreign, busy=busy))
+        return out
+
+    def remove(self, art):
+        import fcntl
+
+        h = art.handle
+        try:
+            fd = os.open(h["lock"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            return 0, "already gone"  # the envs dir itself
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return 0, f"a build of {art.name} holds {h['lock']} now"
+            if h["link"] is not None:
+                # The env goes first (one unlink: gone, never half there), then the build it named.
+                if not os.path.islink(h["link"]) or os.path.basename(os.readlink(h["link"])) != \
+                        os.path.basename(h["path"]):
+                    return 0, f"{h['link']} changed since gc looked: left"
+                os.unlink(h["link"])
+            if h["dir"]:
+                shutil.rmtree(h["path"])  # fd-based: a symlink inside is removed, never followed
+            else:
+                os.unlink(h["path"])
+        except FileNotFoundError:
+            return 0, "already gone"
+        finally:
+            os.close(fd)
+        return art.bytes, ""
+
+
+# What the setup script makes under <envs>/.<name>.builds: <hash12>-<pid> builds, a moved-aside old folder,
+# the link it renames over the env.
+BUILD_NAME = re.compile(r"([0-9a-f]{12})-[0-9]+|\.replaced-[0-9]+|\.link-[0-9]+")
+
+
+def _locked_by_a_build(lock: Path) -> str:
+    """Why the env's builds cannot be touched now (a build holds its lock), or ''."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"its lock {lock} cannot be opened ({exc.strerror})"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return f"a build holds {lock} now"
+    finally:
+        os.close(fd)
+    return ""
 
 TARGET = Venv()

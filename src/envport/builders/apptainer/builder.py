@@ -46,6 +46,7 @@ from envport.builders.apptainer.post_runner import RunnerError, copy_files, remo
 from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
 from envport.core.proc import run
 from envport.core.progress import Progress, tail
+from envport.core.progress import human_size as _size
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, write_sif
 from envport.plan.site import Site
@@ -92,10 +93,6 @@ def _record(sif: Path, hash_: str) -> None:
     part = primary_partition(info)
     sif_record.write(str(sif), hash_, sif_content.partition_sha256(str(sif), part.offset, part.size),
                      sif_content.layout(info))
-
-
-def _size(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, from_docker: bool = False,

@@ -73,3 +73,11 @@ def unchanged(sif: str, hash_: str) -> bool:
         return stamp(os.stat(sif)) == rec["stamp"]
     except OSError:
         return False
+
+
+def forget(sif: str) -> None:
+    """SIF was removed (`envport gc`): its record goes too, so no later file at that path inherits it."""
+    try:
+        os.unlink(record_path(sif))
+    except FileNotFoundError:
+        pass

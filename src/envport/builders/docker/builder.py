@@ -39,6 +39,7 @@ from envport.plan.steps import BaseStep, Plan
 from envport.recipe.render import render_plan
 from envport.plan.site import Site
 from envport.core.progress import Progress
+from envport.core.progress import human_size as _size
 from envport.core.verdict import StepResult, Verdict
 from envport.builders.docker import context as docker_context
 from envport.engines.docker import NO_BUILDKIT_FIX, buildkit_cli, connect, get_image, run_buildkit
@@ -126,10 +127,6 @@ def _build_legacy(client, context: Path, plan_all: list, site: Site, labels: dic
             image_id = aux["ID"]
     return log.failed is None and bool(image_id), image_id, log
 
-
-
-def _size(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_cache: bool = False,
