@@ -224,21 +224,11 @@ def _previous(path: Path) -> Lock | None:
 def changes(before: Lock, after: Lock, spec) -> list[str]:
     """What moved between two locks, in words: the spec's phases (when they were edited) and every
     distribution the env ends with, `name old -> new`, new or gone, sorted by name."""
+    from envport.plan.changes import dist_lines
     from envport.plan.lock import stale_detail
 
     out = [f"spec: {stale_detail(before, spec)}"] if before.inputs != after.inputs else []
-    was, now = before.final(), after.final()
-    for name in sorted(set(was) | set(now)):
-        a, b = was.get(name), now.get(name)
-        if a is None:
-            out.append(f"{name}: new, {b.version}")
-        elif b is None:
-            out.append(f"{name}: gone (was {a.version})")
-        elif a.version != b.version:
-            out.append(f"{name}: {a.version} -> {b.version}")
-        elif a.sha256 != b.sha256:
-            out.append(f"{name}: {a.version}, another file (sha256 {a.sha256[:12]} -> {b.sha256[:12]})")
-    return out
+    return out + dist_lines(*({n: (d.version, d.sha256) for n, d in lock.final().items()} for lock in (before, after)))
 
 
 def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[str],

@@ -42,6 +42,8 @@ from envport.core.verdict import INTERRUPTED_REASON, StepResult, Verdict
 FORWARDED_ENV = ("ENVPORT_ENVS_DIR", "ENVPORT_ROOT", "ENVPORT_LOCK_WAIT")
 REFUSED_RE = re.compile(r"REFUSED \[(\w+)\]: (.*)$")
 PREFIX_RE = re.compile(r"(?:ready|present \S+) at (\S.*)$")
+# The script's word for an env of another hash it is about to replace: which one the build changes.
+REPLACED_RE = re.compile(r"building: the env at .* is ([0-9a-f]{12}), the spec is now [0-9a-f]{12}$")
 PGID_LINE = "envport-build-pgid "
 # How long a stopped build may take to clean up before its process group is killed outright.
 STOP_GRACE_S = 30.0
@@ -183,6 +185,9 @@ def _verdict(name: str, resolved: Resolved, host, target_host, rc: int, lines: l
     if rc == 0:
         present = any(s.startswith("present ") and "@" in s for s in says[-3:])
         verdict = Verdict.PRESENT if present else Verdict.OK
+        replaced = next((m.group(1) for s in says if (m := REPLACED_RE.match(s))), None)
+        if replaced and verdict is Verdict.OK:
+            detail["replaced"] = replaced
         return StepResult(name, verdict, f"{resolved.identity.ref} at {prefix}", seconds=seconds,
                           data={k: v for k, v in detail.items() if v})
     if rc == 3:

@@ -159,9 +159,29 @@ def record(root: Path, spec, *, kind: str, target: str, hash_: str, result, seco
     if "checks" in data:
         entry["checks"] = compact_checks(data.pop("checks"))
     if kind == "build":
+        # The whole resolved spec: a later build of another hash names the fields it changed (previous_build).
         entry.update({"resources": spec.resources.model_dump(), "sm_range": spec.sm_range,
-                      "weights": {n: w.path for n, w in spec.weight_dirs.items()}})
+                      "weights": {n: w.path for n, w in spec.weight_dirs.items()},
+                      "spec": spec.model_dump(mode="json")})
     return append(root, spec.name, {**entry, **data, **facts}, getattr(site, "ledger_dir", None))
+
+
+GOOD = ("OK", "present")
+
+
+def previous_build(records: list[dict], target: str, *, ssh_host: Optional[str] = None,
+                   hash_prefix: Optional[str] = None, other_than: Optional[str] = None) -> Optional[dict]:
+    """The newest good build record of TARGET (on SSH_HOST, None: this machine) whose hash starts with
+    HASH_PREFIX (the env a build replaced), or else is not OTHER_THAN (the env built before this one)."""
+    for rec in reversed(records):
+        h = str(rec.get("hash") or "")
+        if rec.get("kind") != "build" or rec.get("target") != target or rec.get("verdict") not in GOOD or not h:
+            continue
+        if (rec.get("ssh_host") or None) != ssh_host:
+            continue
+        if (hash_prefix and h.startswith(hash_prefix)) or (not hash_prefix and other_than and h != other_than):
+            return rec
+    return None
 
 
 def _resolves(target: str, rec: dict) -> str:

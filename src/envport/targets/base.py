@@ -165,6 +165,9 @@ class Target(ABC):
     # Pairs holding the same lock run one at a time in `matrix --run` (two docker builds share one engine).
     engine_lock: ClassVar[Optional[str]] = None
     signs: ClassVar[bool] = False  # its build makes a SIF that `build --sign` signs
+    # Its build replaces the env of another hash at the same place (a venv, a conda env), and says which
+    # (StepResult data `replaced`); an image or SIF of a new hash is made beside the old ones instead.
+    replaces_in_place: ClassVar[bool] = False
     unsupported: ClassVar[dict[str, str]] = {}
 
     def supports(self, operation: str) -> bool:
@@ -202,6 +205,11 @@ class Target(ABC):
     def present(self, req: BuildRequest) -> StepResult:
         """Whether the env is built here (checked), building nothing."""
         raise self.refuse(PRESENT)
+
+    def built_dists(self, result: StepResult) -> Optional[dict[str, str]]:
+        """{name: version} of what the env RESULT built holds, as the env itself recorded it; None where this
+        target cannot read that here (the lock, when the build used one, says it instead)."""
+        return None
 
     # --- prove it ---------------------------------------------------------------------
     def verify(self, req: VerifyRequest) -> StepResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 from typing import ClassVar
 
 from envport.targets import needs
@@ -13,6 +14,7 @@ from envport.targets.base import BuildRequest, Need, NeedsRequest, Target, Verif
 class HostTarget(Target):
     recipe = "shell"
     hosts = True
+    replaces_in_place = True
     # The probe's clean environment (a fresh login): the caller's VIRTUAL_ENV or PYTHONPATH must not leak in.
     probe_env_keys: ClassVar[tuple[str, ...]] = ("PATH", "HOME", "LANG", "TMPDIR")
 
@@ -40,6 +42,18 @@ class HostTarget(Target):
 
         return shell.build(req.loaded, req.site, req.root, flavour=self.name, host=req.host, check=True,
                            progress=req.progress)[-1]
+
+    def built_dists(self, result):
+        from envport.renderers import envcheck
+
+        prefix = result.data.get("prefix")
+        if not prefix or result.data.get("ssh_host"):
+            return None  # on another host: the lock, when there is one, says what it holds
+        try:
+            text = (Path(prefix) / ".envport" / "dists").read_text(encoding="utf-8")
+        except OSError:
+            return None
+        return envcheck.load(text)
 
     def verify(self, req: VerifyRequest):
         from envport.verify.backends import verify_env

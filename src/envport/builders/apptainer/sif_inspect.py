@@ -30,6 +30,7 @@ from envport.builders.apptainer.builder import SPEC_OBJECT
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import (DATA_DEFFILE, SifError, json_member, primary_partition, read_json_object,
                                  read_object, read_sif, read_squashfs_superblock, sif_labels)
+from envport.plan.changes import changed_paths
 
 # Reasons of a SIF that is readable but cannot run here, or cannot be judged here: REFUSED, not FAILED.
 REFUSED_REASONS = ("foreign_arch", "missing_tool")
@@ -188,24 +189,6 @@ def _descriptor(d) -> dict:
     return out
 
 
-def spec_diff(old: Any, new: Any, path: str = "") -> list[str]:
-    """Dotted paths of the fields that differ between two JSON-like spec dumps."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new)):
-            sub = f"{path}.{key}" if path else str(key)
-            if key not in old:
-                out.append(f"{sub} (added)")
-            elif key not in new:
-                out.append(f"{sub} (removed)")
-            else:
-                out += spec_diff(old[key], new[key], sub)
-        return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [d for i, (a, b) in enumerate(zip(old, new)) for d in spec_diff(a, b, f"{path}[{i}]")]
-    return [] if old == new else [path or "(whole spec)"]
-
-
 def compare(report: SifReport, loaded, current_hash: str, renderer_version: str, plan) -> StepResult:
     """OK when the image's own labels carry CURRENT_HASH and its content (python, distributions) is what
     PLAN (the spec and lock as they resolve now) installs; REFUSED `content_mismatch` or `stale` otherwise."""
@@ -230,7 +213,7 @@ def compare(report: SifReport, loaded, current_hash: str, renderer_version: str,
     embedded = report.facts.get("embedded") or {}
     old = embedded.get("spec") if isinstance(embedded, dict) else None
     try:
-        changed = spec_diff(old, loaded.spec.model_dump(mode="json")) if old else []
+        changed = changed_paths(old, loaded.spec.model_dump(mode="json")) if old else []
     except RecursionError:  # an embedded spec nested just under the JSON parser's limit (crafted)
         changed = ["(the embedded spec is nested too deeply to compare)"]
     if not old:
