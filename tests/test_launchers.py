@@ -110,6 +110,22 @@ def test_local_launcher_refuses_a_missing_interpreter(tmp_path):
     assert problem is not None and problem.verdict is Verdict.REFUSED and problem.reason == "env_missing"
 
 
+def test_activated_env_reads_env_sh_exactly_and_names_a_script_that_fails(tmp_path):
+    from envport.core.errors import EnvportError
+    from envport.witness.launchers.local import activated_env
+
+    script = tmp_path / ".envport" / "env.sh"
+    script.parent.mkdir()
+    script.write_text("export MULTI=$'one\\ntwo=2'\n")
+    env = activated_env(tmp_path, {"PATH": os.environ["PATH"]})
+    assert env["MULTI"] == "one\ntwo=2" and env["VIRTUAL_ENV"] == str(tmp_path)
+    script.write_text("export A=1\necho 'env.sh: no such thing' >&2; false\n")
+    with pytest.raises(EnvportError) as err:
+        activated_env(tmp_path, {"PATH": os.environ["PATH"]})
+    assert str(err.value).startswith(f"{script}: sourcing it in bash failed: env.sh: no such thing (fix: ")
+    assert err.value.exit_code == 1
+
+
 def _weight_arg(folder) -> str:
     import hashlib
     import json

@@ -14,13 +14,6 @@ ALLOWED = {
     "core/proc.py": "the one place",
     "witness/scripts": "runs inside the env: stdlib and torch only, no envport",
 }
-# Not routed yet (issue 24 item 4 left open for these): each entry goes when its calls move to core/proc.
-OWNED_ELSEWHERE = {
-    "witness/launchers/base.py": "not routed yet: the launcher's streamed Popen (its own kill-on-deadline logic)",
-    "witness/launchers/local.py": "not routed yet: `env -0` needs bytes output",
-    "commands/matrix.py": "not routed yet: matrix --run's child envport processes",
-    "engines/sif_run.py": "not routed yet: mount/ch-run/squashfuse calls of the trust-gated SIF runner",
-}
 
 
 def direct_starts(source: str) -> list[tuple[int, str]]:
@@ -45,7 +38,7 @@ def direct_starts(source: str) -> list[tuple[int, str]]:
 
 
 def _allowed(rel: str) -> bool:
-    return any(rel == k or rel.startswith(k + "/") for k in (*ALLOWED, *OWNED_ELSEWHERE))
+    return any(rel == k or rel.startswith(k + "/") for k in ALLOWED)
 
 
 def test_no_module_starts_a_process_but_core_proc():
@@ -57,7 +50,7 @@ def test_no_module_starts_a_process_but_core_proc():
 
 def test_the_allow_list_names_files_that_exist():
     # A moved or renamed module would leave its entry behind, allowing nothing and hiding nothing.
-    for rel in (*ALLOWED, *OWNED_ELSEWHERE):
+    for rel in ALLOWED:
         assert (SRC / rel).exists(), f"tests/test_no_subprocess.py names src/envport/{rel}, which is gone"
 
 

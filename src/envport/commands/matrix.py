@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from envport.commands._common import project_root
+from envport.core.proc import run as proc_run, spawn
 from envport.targets.registry import matrix_rows, ssh_rows
 
 FORMATS = ("table", "json", "github")
@@ -269,8 +270,7 @@ def _one(root: Path, args, r) -> None:
     t0 = time.monotonic()
     tail: list[str] = []
     try:
-        proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace")
+        proc = spawn(argv, cwd=root, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
     except OSError as exc:
         r.exit_code, r.error = 1, f"could not start envport: {exc}"
         return
@@ -313,10 +313,10 @@ def _measure(r, site) -> None:
         from envport.engines.ssh import resolve_host, ssh_argv
 
         argv = ssh_argv(resolve_host(site, r.judged.pair.host)) + [f"du -sk {shlex.quote(prefix)}/"]
+        ran = proc_run(argv, timeout=120)
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-            r.size = int(proc.stdout.split()[0]) * 1024 if proc.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            r.size = int(ran.stdout.split()[0]) * 1024 if ran.ok else None
+        except (ValueError, IndexError):
             r.size = None
         return
     r.size = _tree_bytes(Path(prefix))

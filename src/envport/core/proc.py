@@ -65,11 +65,13 @@ def run(argv: Sequence[str], *, timeout: Optional[float] = 30, stdin: Union[str,
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[PathLike] = None, env: Optional[Mapping[str, str]] = None,
-          stdin: int = subprocess.DEVNULL, stdout: int = subprocess.PIPE, stderr: Optional[int] = subprocess.STDOUT,
+          stdin: Union[int, IO] = subprocess.DEVNULL, stdout: Union[int, IO] = subprocess.PIPE,
+          stderr: Union[int, IO, None] = subprocess.STDOUT,
           text: bool = False, errors: Optional[str] = None, dies_with: Optional[int] = None,
           new_session: bool = False) -> subprocess.Popen:
     """ARGV started, for the caller to stream (a build's log, a tar into ssh) and wait on. By default it
-    reads /dev/null and its stderr joins its stdout, so a log is read in the order it was written.
+    reads /dev/null and its stderr joins its stdout, so a log is read in the order it was written; STDIN,
+    STDOUT and STDERR also take a file (a mount holder's stderr kept for its error message).
     DIES_WITH: as for `run`. NEW_SESSION: a Ctrl-C at the terminal reaches envport alone, which stops the
     child in order. Raises OSError when ARGV cannot start (the caller names the tool)."""
     return subprocess.Popen([str(a) for a in argv], cwd=cwd, env=dict(env) if env is not None else None,

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from envport.core.errors import EnvportError, ReasonError
-from envport.core.proc import dies_with_parent
+from envport.core.proc import run, spawn
 from envport.engines.sif import primary_partition, read_sif
 from envport.plan.site import active_trust
 
@@ -241,10 +241,11 @@ def unmount(mountpoint: Path) -> None:
                  ["umount", str(mountpoint)]):
         if shutil.which(argv[0]) is None:
             continue
-        if subprocess.run(argv, capture_output=True, timeout=60).returncode == 0:
+        # errors="replace": an unmount says a path's bytes back, and its words must never stop the cleanup.
+        if run(argv, timeout=60, errors="replace").ok:
             return
     if is_mounted(mountpoint):
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=60)
+        run(["umount", "-l", str(mountpoint)], timeout=60, errors="replace")
 
 
 def mount_kind() -> str:
@@ -293,8 +294,7 @@ def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
               str(sif), str(mnt)]
     tool = f"mount -t squashfs -o {MOUNT_OPTIONS},loop" if kind == "kernel" else squashfuse()
     with tempfile.TemporaryFile() as err:
-        holder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                  start_new_session=True, preexec_fn=dies_with_parent(signal.SIGTERM))
+        holder = spawn(argv, stdout=subprocess.DEVNULL, stderr=err, new_session=True, dies_with=signal.SIGTERM)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not is_mounted(mnt):
             if holder.poll() is not None or time.monotonic() > deadline:
@@ -326,7 +326,7 @@ def _release(mnt: Path, holder: Optional[subprocess.Popen], kind: str) -> None:
                 holder.kill()
                 holder.wait()
     if is_mounted(mnt):
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+        run(["umount", "-l", str(mnt)], timeout=60, errors="replace")
     for path in (mnt, mnt.parent):
         with contextlib.suppress(OSError):
             path.rmdir()

@@ -123,11 +123,10 @@ def run_with_deadline(inv: Invocation, deadline_s: float,
     started (spawned ranks included), and `inv.cleanup` then removes what lives
     outside that group (a container the docker daemon keeps running).
     """
+    from envport.core.proc import spawn
+
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        inv.argv, env=inv.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace", bufsize=1,
-    )
+    proc = spawn(inv.argv, env=inv.env, new_session=True, text=True, errors="replace")
     chunks: list[str] = []
 
     def pump() -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from envport.core.verdict import StepResult, Verdict
+from envport.core.verdict import EXIT_FAILED, StepResult, Verdict
 from envport.witness.launchers.base import WITNESS_DIR, Invocation, Launcher
 
 
@@ -25,6 +24,8 @@ def activated_env(prefix: str | os.PathLike, base: Mapping[str, str]) -> dict[st
     """What activating a host env gives a process: BASE, the env's bin/ first on PATH,
     VIRTUAL_ENV, and whatever the env's `.envport/env.sh` exports (the spec's env,
     ENVPORT_HASH, ENVPORT_ROOT), read by sourcing it in a real bash so quoting is bash's."""
+    from envport.core.errors import EnvportError
+    from envport.core.proc import run
     from envport.verify.checks import parse_env0
 
     prefix = Path(prefix)
@@ -33,10 +34,16 @@ def activated_env(prefix: str | os.PathLike, base: Mapping[str, str]) -> dict[st
     env["VIRTUAL_ENV"] = str(prefix)
     script = prefix / ".envport" / "env.sh"
     if script.is_file():
-        out = subprocess.run(["bash", "-c", '. "$1" && env -0', "envport-env", str(script)], env=env,
-                             capture_output=True, check=True).stdout
+        # Bytes: a value may hold any byte, and a newline (env -0 ends each pair with a NUL).
+        ran = run(["bash", "-c", '. "$1" && env -0', "envport-env", str(script)], env=env, timeout=60,
+                  binary=True)
+        if not ran.ok:
+            said = ran.why if ran.returncode is None else \
+                (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
+            raise EnvportError(f"{script}: sourcing it in bash failed: {said} (fix: correct the script, or "
+                               "rebuild the env it belongs to with `envport build`)", EXIT_FAILED)
         env = {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape")
-               for k, v in parse_env0(out).items()}
+               for k, v in parse_env0(ran.stdout).items()}
     return env
 
 
