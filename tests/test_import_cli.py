@@ -63,9 +63,14 @@ def test_json_output(project: Path, capsys):
     assert data["command"] == "import" and data["exit_code"] == 0 and data["steps"] == []
     assert data["kind"] == "dockerfile" and data["name"] == "six" and data["spec"] == "specs/six.yaml"
     assert data["written"] is True and data["dry_run"] is False and data["valid"] is True
-    assert data["mapped"] == {"base": 1, "python": 1, "pip_phases": 1}
+    assert data["mapped"] == {"base": 1, "python": 1, "pip_phases": 1, "witnesses": 1}
     assert data["fill"] == [] and data["problems"] == []
-    assert data["notes"] == [{"file": "Dockerfile", "line": 3, "kind": "dropped",
+    assert data["notes"] == [{"file": "Dockerfile", "line": None, "kind": "mapped", "construct": "pip_phases",
+                              "action": "turned into witnesses.imports",
+                              "why": "six: `envport witness` imports each in the built env; a module not in "
+                                     "porting/module_names.yaml is its distribution's name with - as _",
+                              "fix": "correct a module named otherwise; add witnesses.cli for the recipe's tools"},
+                             {"file": "Dockerfile", "line": 3, "kind": "dropped",
                               "construct": 'CMD ["python"]', "action": "dropped",
                               "why": "a spec describes an env, not the program it runs: a job gives the command "
                                      "(witnesses.cli can check one)", "fix": ""}]

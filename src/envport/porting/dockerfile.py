@@ -16,6 +16,7 @@ import json
 import posixpath
 import re
 import shlex
+from dataclasses import dataclass
 
 from envport.core.nesting import too_deep
 from envport.porting.context import BuildContext
@@ -136,7 +137,6 @@ def read_dockerfile(text: str, label: str, context: BuildContext, draft: Draft) 
     chain = [len(stages) - 1]
     while stages[chain[0]]["image"].lower() in names and names[stages[chain[0]]["image"].lower()] < chain[0]:
         chain.insert(0, names[stages[chain[0]]["image"].lower()])
-    _other_stages(stages, chain, draft)
     root = stages[chain[0]]
     base, missing = _substitute(root["image"], global_args)
     if missing:
@@ -162,15 +162,101 @@ def read_dockerfile(text: str, label: str, context: BuildContext, draft: Draft) 
         if ins["instruction"] == "ARG":
             for k, v in pairs(ins["value"]):
                 python_variable(k, v, f"ARG {k}={v}", ins["startline"] + 1, ctx)
+    ctx.stages = _copied_stages(stages, chain, global_args, label, context, names)
     for i in chain:
-        body, k = stages[i]["body"], 0
-        while k < len(body):
-            ins, k = body[k], k + 1
-            doc = HEREDOC.search(ins["value"]) if ins["instruction"] == "RUN" else None
-            if doc:
-                k = _heredoc(ins, doc, body, k, ctx)
-            else:
-                _instruction(ins, ctx, context, names)
+        _read_body(stages[i]["body"], ctx, context, names)
+    _other_stages(stages, chain, draft, ctx.stages)
+
+
+def _read_body(body: list[dict], ctx: ShellContext, context: BuildContext, names: dict) -> None:
+    k = 0
+    while k < len(body):
+        ins, k = body[k], k + 1
+        doc = HEREDOC.search(ins["value"]) if ins["instruction"] == "RUN" else None
+        if doc:
+            k = _heredoc(ins, doc, body, k, ctx)
+        else:
+            _instruction(ins, ctx, context, names)
+
+
+# Where a stage's pip installs land, so a COPY of one of these carries them: a venv, site-packages, a
+# --prefix/--target/--root folder, pip's --user folder, the base's own /usr/local, a conda prefix.
+PY_ENV_PATH = re.compile(r"site-packages|dist-packages|(^|/)\.?venv(/|$)|^/opt/conda(/|$)|^/root/\.local(/|$)|"
+                         r"^/usr/local/?$|^/usr/local/lib(/|$)")
+
+
+@dataclass
+class Stage:
+    """A stage the final one copies from, read on its own: its pip phases and where they were installed."""
+
+    name: str
+    line: int
+    draft: Draft
+    roots: list[str]  # the venv and --prefix/--target/--root folders its RUN lines name
+    carried_at: int = 0  # the line of the COPY that imported its pip calls (once, however often it is copied)
+
+
+def _copied_stages(stages: list[dict], chain: list[int], global_args: dict, label: str, context: BuildContext,
+                   names: dict) -> dict[str, Stage]:
+    """Each stage outside the final chain, read into a scratch draft: what a `COPY --from` of it carries."""
+    out = {}
+    for i, st in enumerate(stages):
+        if i in chain:
+            continue
+        scratch = Draft(file=label)
+        sctx = ShellContext(scratch, label, "docker")
+        sctx.open_file = lambda written, c=sctx: context.opener(c.cwd)(written)
+        sctx.variables = dict(global_args)
+        _read_body(st["body"], sctx, context, names)
+        runs = " ".join(ins["value"] for ins in st["body"] if ins["instruction"] == "RUN")
+        roots = [m.group(2).strip("'\"") for m in
+                 re.finditer(r"(-m\s+venv(?:\s+--?[\w-]+)*|virtualenv|--prefix|--target|--root|\s-t)[ =](\S+)", runs)]
+        stage = Stage(st["name"] or str(i), st["line"], scratch, [posixpath.normpath(r) for r in roots if r])
+        out[str(i)] = stage
+        if st["name"]:
+            out[st["name"]] = stage
+    return out
+
+
+def _copy_from(kind: str, source: str, srcs: list[str], dest: str, line: int, ctx: ShellContext) -> None:
+    """COPY --from: each copied path named; a stage's pip installs imported when the copy carries them (the
+    venv, site-packages, a --prefix folder), anything else it copies lost: the spec would lack it."""
+    draft = ctx.draft
+    stage = ctx.stages.get(source.lower())
+    for src in srcs:
+        path = posixpath.normpath(src)
+        shown = f"{kind} --from={source} {src} {dest}"
+        if stage is None:
+            draft.lose(line, shown, f"copies {src} out of the image {source}, which a spec cannot hold",
+                       "install what it copies with a pip phase (many tools are on PyPI) or a run command")
+            continue
+        env_copy = bool(PY_ENV_PATH.search(path)) or any(
+            path == r or path.startswith(r + "/") or r.startswith(path.rstrip("/") + "/") for r in stage.roots)
+        if env_copy and stage.draft.phases:
+            if stage.carried_at:
+                draft.note(line, shown, REPORTED, f"copies {src} from the python env of stage {stage.name}, whose "
+                           f"pip calls were imported at line {stage.carried_at}", "check the env's own venv "
+                           "(/opt/envport/venv) serves what this copy was for")
+                continue
+            for ph in sorted(stage.draft.phases, key=lambda p: p.seq):
+                draft.add_phase(ph)
+            phase_lines = {ph.line for ph in stage.draft.phases}
+            for n in stage.draft.notes:  # what was said about those pip calls, and what the stage lost
+                if n in stage.draft.lost:
+                    draft.lost.append(n)
+                if n.line in phase_lines or n in stage.draft.lost:
+                    draft.notes.append(n)
+            stage.carried_at = line
+            pkgs = [p for ph in stage.draft.phases for p in ph.packages]
+            draft.note(line, shown, turned_into("pip_phases"),
+                       f"copies {src}, where stage {stage.name} (line {stage.line}) installed "
+                       f"{', '.join(pkgs[:6])}{' …' if len(pkgs) > 6 else ''}: its pip calls are imported as "
+                       "phases here, in their order", "check nothing else the stage built lives under it")
+        else:
+            what = "its pip installs are elsewhere" if stage.draft.phases else "it installs nothing with pip"
+            draft.lose(line, shown, f"copies {src} out of stage {stage.name} (line {stage.line}), made by RUN lines "
+                       f"the spec does not hold ({what})", "build it as a wheel (then `name @ https://…#sha256=…`), "
+                       "or move the stage's steps into run_commands")
 
 
 def _heredoc(ins: dict, doc: re.Match, body: list[dict], k: int, ctx: ShellContext) -> int:
@@ -206,7 +292,7 @@ def _heredoc(ins: dict, doc: re.Match, body: list[dict], k: int, ctx: ShellConte
     return j + 1
 
 
-def _other_stages(stages: list[dict], chain: list[int], draft: Draft) -> None:
+def _other_stages(stages: list[dict], chain: list[int], draft: Draft, read: dict) -> None:
     for i, st in enumerate(stages):
         if i in chain:
             continue
@@ -215,9 +301,12 @@ def _other_stages(stages: list[dict], chain: list[int], draft: Draft) -> None:
                 and re.search(r"--from=(\S+)", ins["value"]).group(1).lower() in (st["name"], str(i))]
         what = (f"the final stage copies files out of it (line {', '.join(map(str, used))})" if used
                 else "the final stage does not use it")
-        runs = sum(1 for ins in st["body"] if ins["instruction"] == "RUN")
+        stage = read[str(i)]
+        carried = {ph.line for ph in stage.draft.phases} if stage.carried_at else set()
+        runs = sum(1 for ins in st["body"] if ins["instruction"] == "RUN" and ins["startline"] + 1 not in carried)
+        imported = f", its pip calls imported at line {stage.carried_at}" if stage.carried_at else ""
         draft.note(st["line"], f"FROM {st['image']}" + (f" AS {st['name']}" if st["name"] else ""), DROPPED,
-                   f"not the final stage ({runs} RUN line(s) not imported); {what}",
+                   f"not the final stage ({runs} RUN line(s) not imported{imported}); {what}",
                    "build what it makes as a wheel (then `name @ https://…#sha256=…`) or move its steps into "
                    "run_commands" if used else "")
 
@@ -352,8 +441,11 @@ def _copy(kind: str, value: str, line: int, ctx: ShellContext, context: BuildCon
     except ValueError:
         args = words(body)
     if "from" in flags:
-        draft.note(line, f"{kind} {value}", DROPPED, f"copies out of another stage or image ({flags['from']}), which "
-                   "a spec cannot hold", "install what it copies with a pip phase or a run command")
+        if len(args) < 2:
+            draft.lose(line, f"{kind} {value}", "copies out of another stage or image with no source and "
+                       "destination", "write it as `COPY --from=STAGE SRC DEST`")
+        else:
+            _copy_from(kind, flags["from"], args[:-1], args[-1], line, ctx)
         return
     for f in ("chown", "chmod", "link", "parents", "exclude", "checksum", "keep-git-dir"):
         if f in flags:

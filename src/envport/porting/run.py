@@ -20,6 +20,7 @@ from envport.porting.context import BuildContext
 from envport.porting.report import REPORTED, Draft, Note, turned_into
 from envport.porting.source import ImportRefused, read_text
 from envport.porting.spec_text import Output, slug, spec_text
+from envport.porting.witnesses import add_import_witnesses
 from envport.spec.venv_needs import DISTRO_PYTHON, venv_packages
 from envport.spec.yamlfile import MAX_BYTES
 
@@ -166,6 +167,7 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
                        f"added {', '.join(need)}: envport makes the env with `python{draft.python} -m venv`, which "
                        "this Debian/Ubuntu base cannot run without them")
     _torch_order(draft)
+    add_import_witnesses(draft)
     last_pip = max((p.seq for p in draft.phases), default=0)
     for cmd, file, line, seq in draft.run_commands:
         if seq < last_pip:
@@ -257,7 +259,7 @@ def mapped(draft: Draft) -> dict[str, int]:
     counts = {"base": int(bool(draft.base)), "python": int(bool(draft.python)), "system_pkgs": len(draft.system_pkgs),
               "pip_phases": len(draft.phases), "env": len(draft.env), "run_commands": len(draft.run_commands),
               "shim_files": len(draft.shims) + len(draft.blocks), "labels": len(draft.labels),
-              "weight_dirs": len(draft.weight_dirs)}
+              "weight_dirs": len(draft.weight_dirs), "witnesses": len(draft.witness_imports)}
     return {k: v for k, v in counts.items() if v}
 
 

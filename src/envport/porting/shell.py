@@ -37,9 +37,18 @@ LOCKFILE = {("uv", "sync"), ("poetry", "install"), ("pipenv", "install"), ("pipe
             ("pdm", "sync"), ("conda-lock", "install"), ("conda-lock", ""), ("pip-sync", ""), ("hatch", "env")}
 PYTHON_CMD = re.compile(r"^python(3(\.\d{1,2})?)?$")
 PIP_CMD = re.compile(r"^pip(3(\.\d{1,2})?)?$")
-WEIGHT_FILE = re.compile(r"\.(pt|pth|ckpt|safetensors|bin|h5|onnx|gguf|npz|msgpack|pb|tflite|params)(\?|$)", re.I)
+# A weight file by its extension, at the end of a word (a URL, an -o target), not only of the line.
+WEIGHT_FILE = re.compile(r"\.(pt|pth|ckpt|safetensors|bin|h5|onnx|gguf|npz|msgpack|pb|tflite|params)"
+                         r"(\?\S*)?(?=$|[\s'\";|&)])", re.I)
+# An archive whose name says what it holds: alphafold_params_2022-12-06.tar, weights.tar.gz, checkpoints.zip.
+WEIGHT_ARCHIVE = re.compile(r"[\w.-]*(params|weights?|checkpoints?|ckpts?|models?)[\w.-]*"
+                            r"\.(tar(\.(gz|bz2|xz|zst))?|tgz|zip)(?=$|[\s'\";|&)?])", re.I)
 WEIGHT_HINT = re.compile(r"huggingface\.co|zenodo\.org|/(weights?|models?|checkpoints?)(/|$)|\bhf_hub|"
-                         r"from_pretrained|snapshot_download|hf_hub_download|torch\.hub\.load", re.I)
+                         r"from_pretrained|snapshot_download|hf_hub_download|torch\.hub\.load|"
+                         # hosts that serve model weights: ESM and fairseq, RoseTTAFold, AlphaFold's params,
+                         # torchvision's, NGC's model registry
+                         r"dl\.fbaipublicfiles\.com|files\.ipd\.uw\.edu|storage\.googleapis\.com/alphafold|"
+                         r"download\.pytorch\.org/models|api\.ngc\.nvidia\.com", re.I)
 BASH_ONLY = [
     (re.compile(r"\[\[\s"), "`[[ … ]]`"),
     (re.compile(r"(^|[;&|(\s])source\s"), "`source` (sh has `.`)"),
@@ -53,7 +62,13 @@ BASH_ONLY = [
 ]
 # A model's own downloader (transformers, the HF hub, torch.hub, a tool's `download-models`).
 MODEL_DOWNLOADER = re.compile(r"from_pretrained|snapshot_download|hf_hub_download|torch\.hub\.load|"
-                              r"download[-_]?models?\b|install[-_]models\b|download[-_]weights|fetch[-_]weights", re.I)
+                              r"download[-_]?models?\b|install[-_]models\b|fetch[-_]weights|"
+                              # download_alphafold_params.sh, download-weights, download_checkpoints.py
+                              r"download[-_]\w*?(params|weights?|checkpoints?|models?)\b|"
+                              # a tool's downloader module: python -m colabfold.download DIR
+                              r"(^|\s)-m\s+[\w.]+\.download(_\w+)?(\s|$)", re.I)
+# What unpacks or tidies a download in the same RUN: it belongs to the download's `source`, not the image.
+UNPACK = {"tar", "unzip", "gunzip", "zstd", "rm", "mv"}
 # `sed … -i …` then an installed package's path: two linear scans (one regex with both, `[^|;&]*\s-i\b.*(…)`,
 # backtracked quadratically: 60 KB of ` -i` took 16 s).
 SED_INPLACE = re.compile(r"\bsed\b[^|;&]*")
@@ -87,6 +102,8 @@ class ShellContext:
     rendered_title: str = ""  # that step's title (a pip phase's: its first three requirements)
     rendered: bool = False
     cwd: str = "/"
+    # A Dockerfile's other stages the final one copies from: stage name (or index) -> what reading it found.
+    stages: dict = field(default_factory=dict)
 
     def note(self, line, construct, action, why, fix=""):
         self.draft.note(line, construct, action, why, fix, file=self.file)
@@ -165,8 +182,18 @@ def handle(text: str, line: Optional[int], ctx: ShellContext) -> None:
         return
     pending: list[str] = []
     exports: list[str] = []
+    fetched = False  # the previous segment downloaded weights: what unpacks them belongs to its `source`
     for seg in segments:
+        first = posixpath.basename(seg.split(None, 1)[0]) if seg.split() else ""
+        if fetched and first in UNPACK:
+            _, entry = ctx.draft.suggested_weights.pop()
+            _suggest_weights(f"{entry['source']} && {seg}", ctx)
+            ctx.note(line, seg, DROPPED, "unpacks or tidies the weights downloaded before it in this line",
+                     "it is part of that download's `source` in the suggested weight_dirs entry")
+            continue
+        before = len(ctx.draft.suggested_weights)
         outcome = _classify(seg, line, ctx)
+        fetched = len(ctx.draft.suggested_weights) > before
         if outcome is Outcome.KEEP:
             pending.append(seg)
         elif outcome is Outcome.EXPORT:
@@ -196,7 +223,7 @@ def _keep(text: str, line: Optional[int], ctx: ShellContext, whole_because: str 
     if not text:
         return
     if DOWNLOAD.search(text) or re.search(r"\b(huggingface-cli|hf)\s+download\b", text):
-        weighty = WEIGHT_FILE.search(text) or WEIGHT_HINT.search(text)
+        weighty = _weighty(text)
         if weighty:
             ctx.note(line, text, KEPT, "downloads model weights during the build (the image would carry them)",
                      "move it to a weight_dirs entry's `source` and fetch at run time (see the suggestion in "
@@ -234,29 +261,51 @@ def _keep(text: str, line: Optional[int], ctx: ShellContext, whole_because: str 
     ctx.draft.add_run(text, line, ctx.file)
 
 
+def _weighty(text: str) -> bool:
+    """A download that fetches model weights, by shape: a weight file, a weights archive, a known host."""
+    return bool(WEIGHT_FILE.search(text) or WEIGHT_ARCHIVE.search(text) or WEIGHT_HINT.search(text))
+
+
 def _installs(text: str) -> bool:
     return bool(re.search(r"\b(pip3?(\.\d+)?|-m pip|apt-get|apt|conda|mamba|yum|apk)\s+(install|add)\b", text))
 
 
 def _suggest_weights(text: str, ctx: ShellContext) -> None:
-    out = re.search(r"(-O|-o|--output|-P|--directory-prefix|--local-dir|--cache-dir)[ =](\S+)", text)
-    target = out.group(2).strip("'\"") if out else ""
-    if target and out.group(1) in ("-O", "-o", "--output"):
-        target = posixpath.dirname(target)
-    if target and not target.startswith("/"):
-        target = posixpath.normpath(posixpath.join(ctx.cwd, target))
-    url = re.search(r"(https?://\S+)", text)
-    repo = re.search(r"download\s+([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)", text) or \
-        re.search(r"(?:from_pretrained|snapshot_download|hf_hub_download)\(\s*(?:repo_id=)?['\"]([^'\"]+)['\"]", text)
-    stem = (repo.group(1).split("/")[-1] if repo else
-            (url.group(1).rstrip("/").rsplit("/", 1)[-1].split("?")[0] if url else "weights"))
-    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower().split(".")[0]).strip("-")[:40] or "weights"
-    path = target if target and target != "/" else f"/weights/{name}"
-    entry = {"path": path}
-    if not target and re.search(r"huggingface|from_pretrained|snapshot_download|hf_hub_download|\bhf\s", text):
+    path, name = _weight_target(text, ctx), _weight_name(text)
+    entry = {"path": path if path and path != "/" else f"/weights/{name}"}
+    if not path and re.search(r"huggingface|from_pretrained|snapshot_download|hf_hub_download|\bhf\s", text):
         entry["env"] = "HF_HOME"  # the hub's cache: the downloader and the tool both look there
     entry["source"] = text
     ctx.draft.suggested_weights.append((name, entry))
+
+
+def _weight_target(text: str, ctx: ShellContext) -> str:
+    """Where the weights land: an unpack's -C/-d folder (the archive itself is transient), a download's
+    folder option, an output file's folder, or a downloader's one absolute folder argument."""
+    found = (re.search(r"\s(-C|--directory|-d)[ =](\S+)", text)
+             or re.search(r"(-P|--directory-prefix|--local-dir|--cache-dir)[ =](\S+)", text)
+             or re.search(r"(-O|-o|--output)[ =](\S+)", text))
+    target = found.group(2).strip("'\"") if found else ""
+    if target and found.group(1) in ("-O", "-o", "--output"):
+        target = posixpath.dirname(target)
+    if not target and not re.search(r"https?://", text):
+        folders = [w for w in text.split() if w.startswith("/") and not WEIGHT_FILE.search(w)]
+        target = folders[-1].strip("'\"") if folders else ""
+    if target and not target.startswith("/"):
+        target = posixpath.normpath(posixpath.join(ctx.cwd, target))
+    return target
+
+
+def _weight_name(text: str) -> str:
+    url = re.search(r"(https?://\S+)", text)
+    repo = re.search(r"download\s+([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)", text) or \
+        re.search(r"(?:from_pretrained|snapshot_download|hf_hub_download)\(\s*(?:repo_id=)?['\"]([^'\"]+)['\"]", text)
+    module = re.search(r"-m\s+([\w]+)[\w.]*\.download", text)
+    script = re.search(r"([\w-]*download[\w-]*)\.(sh|py)\b", text)
+    stem = (repo.group(1).split("/")[-1] if repo else
+            url.group(1).rstrip("/").rsplit("/", 1)[-1].split("?")[0] if url else
+            module.group(1) if module else script.group(1) if script else "weights")
+    return re.sub(r"[^a-z0-9-]+", "-", stem.lower().split(".")[0]).strip("-")[:40] or "weights"
 
 
 # Build args and env names recipes use for the interpreter's version (`ARG PYTHON_VERSION=3.10`).
@@ -380,7 +429,7 @@ def _weights_family(words, seg, line, ctx) -> Optional[Outcome]:
     cmd = posixpath.basename(words[0])
     sub = words[1] if len(words) > 1 else ""
     hub = cmd in ("huggingface-cli", "hf") and sub == "download"
-    fetch = cmd in ("wget", "curl") and (WEIGHT_FILE.search(seg) or WEIGHT_HINT.search(seg))
+    fetch = cmd in ("wget", "curl") and _weighty(seg)
     if not (hub or fetch or MODEL_DOWNLOADER.search(seg)):
         return None
     ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",

@@ -112,6 +112,9 @@ def spec_text(draft: Draft, name: str, kind: str, source_label: str) -> Output:
         for wname, w in sorted(draft.weight_dirs.items()):
             lines.append(f"  {wname}:")
             lines += [f"    {k}: {q(v)}" for k, v in w.items()]
+    if draft.witness_imports:
+        lines.append("witnesses:")
+        lines.append("  imports: [" + ", ".join(q(m) for m in draft.witness_imports) + "]")
     if draft.labels:
         lines.append("labels:")
         lines += [f"  {_key(k)}: {q(v)}" for k, v in sorted(draft.labels.items())]
