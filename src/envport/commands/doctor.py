@@ -53,14 +53,14 @@ def run(args) -> int:
         path = Path(root) / "docs" / "infra.md"
         write_atomic(path, render_infra_md(report, Path(root)))
         print(f"wrote {path}", file=sys.stderr)
+    # Only --env's verdict sets the exit code: the other findings describe the host, they refuse nothing.
+    refused = any(f["check"] == "env" and f["verdict"] == "REFUSED" for f in report["findings"])
+    code = EXIT_REFUSED if refused else EXIT_OK
     if args.json:
-        code = EXIT_REFUSED if report.get("env") and report["env"].get("ok") is False else EXIT_OK
         print_json(envelope("doctor", code, **report))
     else:
         sys.stdout.write(render_text(report))
-    if report.get("env") and report["env"].get("ok") is False:
-        return EXIT_REFUSED
-    return EXIT_OK
+    return code
 
 
 def _rendered(path: str) -> int:

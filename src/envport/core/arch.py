@@ -23,6 +23,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Union
 
+from envport.core.finding import Finding
+from envport.core.verdict import Verdict
+
 Capability = tuple[int, int]
 
 # sm_86, sm_90a, sm_100f, compute_90, compute_90a; TORCH_CUDA_ARCH_LIST spells
@@ -394,6 +397,16 @@ def driver_check(driver: Optional[str], driver_cuda: Optional[str], torch_cuda: 
     else:
         out["detail"] = f"{need}; {seen}: meets it"
     return out
+
+
+def driver_finding(drv: dict) -> Finding:
+    """driver_check's answer as a Finding: the one reading preflight (against the spec's torch pin) and
+    doctor (against the torch it probes) give it. A too-old driver refuses with its fix; a driver that
+    meets the floor is OK; one that could not be judged (a CPU build, no nvidia-smi answer) is a note."""
+    if drv.get("ok") is False:
+        evidence, _, fix = drv["detail"].partition(" fix: ")
+        return Finding("driver_too_old", evidence, fix, check="driver")
+    return Finding("", drv["detail"], check="driver", verdict=Verdict.OK if drv.get("ok") else None)
 
 
 def flavour_cuda(flavour: Optional[str]) -> Optional[str]:

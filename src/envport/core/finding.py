@@ -1,8 +1,12 @@
 """One check shape: what was checked, the verdict, the evidence that decided it, and the fix.
 
-preflight's checks and the diagnosis table answer in it, as cog's doctor does
-(`Finding{Severity, Message, Remediation}`): a reader learns one shape, and a
-verdict always travels with the evidence behind it and what to do about it.
+preflight's checks, doctor's checks and the diagnosis table answer in it, as
+cog's doctor does (`Finding{Severity, Message, Remediation}`): a reader learns
+one shape, and a verdict always travels with the evidence behind it and what to
+do about it.  The facts both preflight and doctor judge (the GPUs nvidia-smi
+lists, the driver against torch's CUDA build, the docker engine) are judged by
+one function each (engines/gpu.judge_gpus, core/arch.driver_finding,
+engines/docker.judge_engine), so the two commands cannot disagree.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Finding:
     @property
     def is_problem(self) -> bool:
         return not self.verdict.ok
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "verdict": self.verdict.value, "reason": self.reason,
+                "evidence": self.evidence, "fix": self.fix}
 
     def line(self) -> str:
         if not self.is_problem:

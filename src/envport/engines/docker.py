@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
+from envport.core.finding import Finding
 from envport.core.proc import run as proc_run
 from envport.core.proc import spawn, stream_lines
 from envport.core.verdict import StepResult, Verdict
@@ -147,6 +148,19 @@ def engine_problem(docker: str = "docker", timeout: float = 15) -> Optional[str]
         text = (out.stderr or out.stdout).strip().splitlines()
         return text[-1] if text else f"exit {out.returncode}"
     return None
+
+
+def engine_finding(client: Optional[str], problem: Optional[str]) -> Finding:
+    """The docker client (its path, None: not on PATH) and engine_problem's answer judged: the one reading
+    the docker target's preflight and `envport doctor` give them."""
+    if client is None:
+        return Finding("runtime_missing", "no docker client on PATH",
+                       "install docker (Debian: apt-get install docker.io) and start dockerd, or use --target venv",
+                       check="docker")
+    if problem:
+        return Finding("docker_unreachable", f"the docker engine does not answer: {problem}",
+                       "start dockerd, or check DOCKER_HOST", check="docker")
+    return Finding("", "the docker engine answers", check="docker", verdict=Verdict.OK)
 
 
 def image_exists(image: str, docker: str = "docker") -> bool:

@@ -14,7 +14,12 @@ import shutil
 from dataclasses import dataclass
 from typing import Optional
 
+from envport.core.finding import Finding
 from envport.core.proc import run
+from envport.core.verdict import NO_ACCELERATOR_REASON, Verdict
+
+# Where a GPU run goes when this host has too few GPUs.
+GPU_ROUTE = "run on a GPU node (`envport doctor` shows the Slurm route), or set resources.gpus: 0 for a CPU run"
 
 QUERY_FIELDS = "index,uuid,name,memory.total,memory.used,driver_version,compute_cap"
 
@@ -190,3 +195,22 @@ def census_from_gres(gres: Optional[str]) -> GpuCensus:
         if parts and parts[0] == "gpu":
             count += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
     return GpuCensus(count, None, where=f"the Slurm allocation (gres {gres or 'none'})")
+
+
+def judge_gpus(inv: dict, want: int = 1, torch_seen: Optional[int] = None, fix: str = GPU_ROUTE) -> Finding:
+    """Whether `want` GPUs are here: the one judgement preflight (the spec's resources.gpus) and doctor
+    (one GPU for the GPU witnesses) make of gpu_inventory()'s answer.
+
+    GPUs a probed torch sees that nvidia-smi does not list (a sandbox) count: nothing says otherwise.
+    The evidence of a refusal is what was seen: no nvidia-smi, its error, or how many it lists.
+    """
+    listed = len(inv.get("gpus") or [])
+    count = max(listed, torch_seen or 0)
+    if count >= want:
+        seen = f", torch sees {torch_seen}" if torch_seen is not None else ""
+        return Finding("", f"nvidia-smi lists {listed} GPU(s){seen}", check="gpus", verdict=Verdict.OK)
+    if not inv.get("nvidia_smi"):
+        why = "this host has no nvidia-smi (no NVIDIA driver)"
+    else:
+        why = inv.get("error") or f"nvidia-smi lists {listed}"
+    return Finding(NO_ACCELERATOR_REASON, why, fix, check="gpus")

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from envport.core.finding import Finding
+from envport.core.verdict import Verdict
+
 LAYERS = ("spec", "build", "weights", "exec", "host")
 TABLE = Path(__file__).with_name("diagnosis.yaml")
 
@@ -33,13 +36,20 @@ class Diagnosis:
     row: Row
     line: str  # the log line that matched
 
+    @property
+    def finding(self) -> Finding:
+        """The match as a Finding: the log FAILED for the reason the row names."""
+        return Finding(self.row.id, self.line, self.row.fix, check=self.row.layer, verdict=Verdict.FAILED)
+
     def to_dict(self) -> dict:
-        return {"id": self.row.id, "layer": self.row.layer, "wrong": self.row.wrong, "fix": self.row.fix,
-                "host": self.row.host, "line": self.line}
+        f = self.finding
+        return {"id": f.reason, "layer": f.check, "wrong": self.row.wrong, "fix": f.fix, "host": self.row.host,
+                "line": f.evidence}
 
     def lines(self) -> list[str]:
-        return [f"diagnosis [{self.row.id}] layer {self.row.layer}: {self.row.wrong}",
-                f"  symptom: {self.line.strip()[:200]}", f"  fix: {self.row.fix}"]
+        f = self.finding
+        return [f"diagnosis [{f.reason}] layer {f.check}: {self.row.wrong}",
+                f"  symptom: {f.evidence.strip()[:200]}", f"  fix: {f.fix}"]
 
 
 def _row(i: int, raw: dict) -> Row:

@@ -3,7 +3,9 @@
 Everything here observes and reports; nothing installs or changes the host.
 The report is one dict (validated by docs/doctor.schema.json) rendered as text
 or JSON, and optionally as docs/infra.md: the launch recipe the witness and
-Slurm commands follow.
+Slurm commands follow.  What it judges (GPUs, driver, arch, disk, docker, the
+--env arch verdict) is a list of checks answering in core/finding's Finding,
+as preflight's do; the text renders the verdicts from them.
 
 The GPU count decides what is testable here: collectives and DTensor run
 anywhere on gloo/CPU; one free GPU already runs the kernel witness, NCCL at
@@ -30,11 +32,15 @@ from pathlib import Path
 from typing import Optional
 
 from envport import __version__
+from envport.core.finding import Finding
 from envport.core.proc import run
-from envport.engines.gpu import GpuCensus, gpu_inventory, topology, topology_pairs
+from envport.core.verdict import Verdict
+from envport.engines.docker import engine_finding
+from envport.engines.gpu import GpuCensus, gpu_inventory, judge_gpus, topology, topology_pairs
 from envport.witness.scripts.envport_sentinel import HARDENING_ENV, WITNESS_ENV
 from envport.core.arch import (
     driver_check,
+    driver_finding,
     gpu_runnable,
     parse_capability,
     published_arch_list,
@@ -43,7 +49,7 @@ from envport.core.arch import (
     torch_flavour,
 )
 
-SCHEMA_VERSION = 2  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields
+SCHEMA_VERSION = 3  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields; 3: findings
 
 RECOMMENDED_FREE_DISK_GB = 150.0  # images + envs + weights + build caches
 
@@ -121,19 +127,15 @@ def shm(path: str = "/dev/shm") -> Optional[dict]:
 
 
 def tools() -> dict:
-    """Runtimes and launchers on PATH; docker also says whether its engine answers."""
+    """Runtimes and launchers on PATH; docker also says whether its engine answers (check_docker judges it)."""
     from envport.engines.docker import engine_problem
 
     out: dict = {}
     for name in ("docker", "apptainer", "singularity", "srun", "sbatch", "ssh"):
         out[name] = {"path": shutil.which(name)}
-    if out["docker"]["path"]:
-        problem = engine_problem("docker", timeout=10)
-        out["docker"]["engine"] = problem is None
-        out["docker"]["detail"] = problem or "engine answers"
-    else:
-        out["docker"]["engine"] = False
-        out["docker"]["detail"] = "no docker client"
+    problem = engine_problem("docker", timeout=10) if out["docker"]["path"] else None
+    out["docker"]["engine"] = bool(out["docker"]["path"]) and problem is None
+    out["docker"]["detail"] = problem or ("engine answers" if out["docker"]["path"] else "no docker client")
     return out
 
 
@@ -277,6 +279,7 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
     }
     if spec is not None:
         report["env"] = env_arch(spec)
+    report["findings"] = [f.to_dict() for f in findings(report)]
     report["verdict"] = verdict_line(report)
     return report
 
@@ -285,7 +288,7 @@ def verdict_line(report: dict) -> str:
     gpus = report["gpus"]["gpus"]
     t = report["testable"]
     census = report.get("census") or {}
-    if not gpus and not census.get("count"):
+    if check_gpus(report)[0].is_problem:
         text = ("no GPU on this host (no nvidia-smi)" if report["gpus"]["nvidia_smi"] is None
                 else f"no GPU visible ({report['gpus'].get('error') or 'nvidia-smi lists none'})")
         text += "; CPU witnesses (gloo) run here; GPU witnesses take the Slurm route"
@@ -296,9 +299,83 @@ def verdict_line(report: dict) -> str:
     text = f"{census.get('count') or len(gpus)} GPU(s) ({', '.join(names)}), {t['free_gpus']} free: {t['note']}"
     if census.get("note"):
         text += f" (note: {census['note']})"
-    if report.get("driver", {}).get("ok") is False:
-        text += f"; DRIVER: {report['driver']['detail']}"
+    driver = check_driver(report)
+    if driver and driver[0].is_problem:
+        text += f"; DRIVER: {said(driver[0])}"
     return text
+
+
+# --- the checks: each judges facts of the report and answers in Findings ----------------------------
+# They read the report dict, not the host, so a saved `doctor --json` renders with the same verdicts.
+# The GPUs, the driver and the docker engine are judged by the functions preflight calls.
+
+
+def said(f: Finding) -> str:
+    """A finding's evidence and fix in one line, as the report prints it."""
+    return f.evidence + (f" fix: {f.fix}" if f.fix else "")
+
+
+def check_gpus(report: dict) -> list[Finding]:
+    """At least one GPU for the GPU witnesses (else they take the Slurm route)."""
+    census = report.get("census") or {}
+    return [judge_gpus(report["gpus"], 1, census.get("torch"),
+                       fix="the GPU witnesses take the Slurm route (envport slurm submit); CPU witnesses "
+                       "(gloo) run here")]
+
+
+def check_driver(report: dict) -> list[Finding]:
+    """The driver against torch's CUDA build; nothing when there was no floor to judge (a CPU torch)."""
+    drv = report.get("driver") or {}
+    if not drv.get("floor") and drv.get("ok") is None:
+        return []
+    return [driver_finding(drv)]
+
+
+def check_arch(report: dict) -> list[Finding]:
+    """torch's arch list against each GPU's capability, one finding per GPU (in report["arch"]'s order)."""
+    out = []
+    for a in report["arch"]:
+        runnable = a.get("runnable")
+        if runnable is False:
+            out.append(Finding("arch_uncovered", a["detail"], "route the job to a GPU torch's arch list covers, "
+                               "or pin a torch built for this card", check="arch"))
+        else:
+            out.append(Finding("", a["detail"], check="arch", verdict=Verdict.OK if runnable else None))
+    return out
+
+
+def check_disk(report: dict) -> list[Finding]:
+    d = report["disk"]
+    evidence = (f"{_gb(d['free_gb'])} free of {_gb(d['total_gb'])} at {d['path']} "
+                f"({'ok' if d['ok'] else 'below'} the ~{d['recommended_gb']:g} GB recommendation)")
+    if d["ok"]:
+        return [Finding("", evidence, check="disk", verdict=Verdict.OK)]
+    return [Finding("disk_low", evidence, f"free space at {d['path']}, or point ENVPORT_ENVS_DIR / "
+                    "ENVPORT_WEIGHTS_DIR at a larger disk", check="disk")]
+
+
+def check_docker(report: dict) -> list[Finding]:
+    d = report["tools"]["docker"]
+    return [engine_finding(d["path"], None if d.get("engine") else d.get("detail") or "the engine is down")]
+
+
+def check_env(report: dict) -> list[Finding]:
+    """--env NAME: the env's torch pin's arch list against its sm_range (the one check that sets the exit code)."""
+    if "env" not in report:
+        return []
+    e = report["env"]
+    if e.get("ok") is False:
+        return [Finding("arch_uncovered", e["detail"], "pin a torch whose arch list covers the spec's sm_range, "
+                        "or narrow sm_range to the GPUs it runs on", check="env")]
+    return [Finding("", e["detail"], check="env", verdict=Verdict.OK if e.get("ok") else None)]
+
+
+CHECKS = (check_gpus, check_driver, check_arch, check_disk, check_docker, check_env)
+
+
+def findings(report: dict) -> list[Finding]:
+    """Every check's findings, in CHECKS order."""
+    return [f for check in CHECKS for f in check(report)]
 
 
 def _gb(v) -> str:
@@ -328,7 +405,10 @@ def render_text(report: dict) -> str:
     import jinja2
 
     try:
-        return _template(TEXT_TEMPLATE).render(r=report, mib=_mib, gb=_gb)
+        found = findings(report)
+        one = {f.check: f for f in found if f.check != "arch"}
+        return _template(TEXT_TEMPLATE).render(r=report, f=one, arch=[f for f in found if f.check == "arch"],
+                                               said=said, mib=_mib, gb=_gb)
     except jinja2.UndefinedError as exc:
         # A saved report missing a field: the KeyError `doctor --from` names as "not a saved report".
         raise KeyError(str(exc)) from exc

@@ -25,7 +25,7 @@ class Apptainer(Target):
         return Path(project_root or Path.cwd()) / ".cache"
 
     def runtime_findings(self, ctx) -> list:
-        from envport.builders.preflight import Finding
+        from envport.core.finding import Finding
 
         if shutil.which("apptainer") or shutil.which("singularity"):
             return []

@@ -178,7 +178,7 @@ class Target(ABC):
 
     # --- what the host must have -------------------------------------------------
     def runtime_findings(self, ctx) -> list:
-        """Preflight's runtime check (builders.preflight.Finding list) for this target on this host."""
+        """Preflight's runtime check (core.finding.Finding list) for this target on this host."""
         return []
 
     def weights_interpreter(self, name: str, host: Optional[str]) -> Optional[Path]:

@@ -31,7 +31,7 @@ class Conda(HostTarget):
         return "micromamba, mamba or conda"
 
     def runtime_findings(self, ctx) -> list:
-        from envport.builders.preflight import Finding
+        from envport.core.finding import Finding
 
         if ctx.host:
             return []  # the remote setup script refuses with its own reason (no_conda)

@@ -24,19 +24,11 @@ class Docker(Target):
         return Path("/var/lib/docker")
 
     def runtime_findings(self, ctx) -> list:
-        from envport.builders.preflight import Finding
+        from envport.engines.docker import engine_finding, engine_problem
 
-        if shutil.which("docker") is None:
-            return [Finding("runtime_missing", "no docker client on PATH",
-                            "install docker (Debian: apt-get install docker.io) and start dockerd, or use "
-                            "--target venv")]
-        from envport.engines.docker import engine_problem
-
-        problem = engine_problem(timeout=5)
-        if problem:
-            return [Finding("docker_unreachable", f"the docker engine does not answer: {problem}",
-                            "start dockerd, or check DOCKER_HOST")]
-        return []
+        client = shutil.which("docker")
+        found = engine_finding(client, engine_problem(timeout=5) if client else None)
+        return [found] if found.is_problem else []
 
     def needs(self, req: NeedsRequest) -> list[Need]:
         return [*needs.engine_need(req, self, "answers"), needs.base_need(req.loaded, req.site, self.name, req.probes)]

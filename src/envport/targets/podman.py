@@ -261,7 +261,7 @@ class Podman(Target):
         return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "containers"
 
     def runtime_findings(self, ctx) -> list:
-        from envport.builders.preflight import Finding
+        from envport.core.finding import Finding
 
         refused = _engine().problem("runtime")
         if refused is None:

@@ -26,7 +26,7 @@ class Venv(HostTarget):
         return env_prefix(spec.name).parent
 
     def runtime_findings(self, ctx) -> list:
-        from envport.builders.preflight import Finding
+        from envport.core.finding import Finding
 
         if ctx.host:
             return []  # the remote setup script refuses with its own reason (no_python)
