@@ -20,6 +20,7 @@ bytes_used_mismatch, corrupt, ...); REFUSED `stale` (the spec moved on: the fiel
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,7 +271,7 @@ def stale_fixes(name: str, sif: str, embeds: bool) -> list[str]:
     """The fixes of a stale SIF for its reader: the build where this host can build one, else (an admin
     holding only the file) a rebuild by its builder, or a run with the spec the SIF embeds."""
     rebuild = f"envport build {name} --target apptainer"
-    embedded = f"envport witness {name} --target apptainer --sif {sif} --embedded-spec" if embeds else ""
+    embedded = f"envport witness {name} --target apptainer --sif {shlex.quote(sif)} --embedded-spec" if embeds else ""
     if can_build():
         return [f"fix: {rebuild}"] + ([f"or run it as built, with the spec it embeds: {embedded}"] if embeds else [])
     return [f"fix: ask its builder for a rebuild ({rebuild}, where the project is)"
