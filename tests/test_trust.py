@@ -134,6 +134,26 @@ def test_require_signed_refuses_an_unsigned_sif_before_it_is_mounted(tiny_sif, s
     assert list(strict.tmp.iterdir()) == [], sorted(p.name for p in strict.tmp.iterdir())
 
 
+def test_require_signed_gates_the_embedded_spec_before_it_is_read(tiny_sif, strict, tmp_path):
+    """An admin without the project (the spec the SIF embeds, issue 27 row 5): the site's gate comes first,
+    before the file is listed (unsquashfs) or its spec object trusted."""
+    import subprocess
+    import sys
+
+    admin, bin_dir = tmp_path / "admin", tmp_path / "bin"
+    admin.mkdir()
+    lister = bin_dir / "unsquashfs"
+    lister.write_text(f"#!/bin/sh\necho unsquashfs >> {shlex.quote(str(strict.marker))}\n"
+                      f"exec {shlex.quote(shutil.which('unsquashfs'))} \"$@\"\n")
+    lister.chmod(0o755)
+    site = tiny_sif.root / "sites" / f"{strict.site}.yaml"
+    proc = subprocess.run([sys.executable, "-m", "envport", "witness", tiny_sif.name, "--target", "apptainer",
+                           "--sif", str(strict.sif), "--site", str(site)], cwd=admin, capture_output=True,
+                          text=True, timeout=SIF_TIMEOUT, env=strict.env)
+    assert proc.returncode == 3 and "[unsigned]" in proc.stderr, fail_with(proc, "witness --sif outside a project")
+    assert "spec: the one" not in proc.stdout and not strict.marker.exists(), proc.stdout
+
+
 def test_require_signed_refuses_a_foreign_signer_and_runs_the_trusted_one(tiny_sif, strict, tmp_path):
     (tmp_path / "other").mkdir()
     other, _ = new_key(tmp_path / "other", "rsa")

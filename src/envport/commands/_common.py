@@ -36,6 +36,62 @@ def add_no_lock_arg(parser: argparse.ArgumentParser, what: str) -> None:
                         "time, not installed from specs/<name>.lock: another env, with another hash)")
 
 
+def add_embedded_spec_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """--embedded-spec for a command that runs in a --sif FILE: WHAT the SIF with the spec it embeds."""
+    parser.add_argument("--embedded-spec", action="store_true",
+                        help=f"{what} with the spec the --sif FILE embeds (its build's resolved spec, "
+                        "envport-spec.json, used after the trust gate and inspect's checks tie it to the image) "
+                        "instead of specs/NAME.yaml; the default with --sif outside a project (no specs/ here "
+                        "or above, or -C ROOT without one)")
+
+
+def embedded_root(args: argparse.Namespace, ref: str) -> Path | None:
+    """Where a run with the spec the --sif FILE embeds records and writes (the project, else this folder);
+    None when the project's spec NAME is used: --sif in a project, without --embedded-spec."""
+    from envport.spec.loader import SPECS_DIR
+
+    asked = getattr(args, "embedded_spec", False)
+    if not getattr(args, "sif", None) or ref.endswith((".yaml", ".yml")) or "/" in ref:
+        if asked:
+            raise EnvportError("--embedded-spec needs --sif FILE and the env's NAME (not a spec path)")
+        return None
+    try:
+        root = project_root(args)
+    except EnvportError:
+        return Path.cwd()  # an admin holding only the SIF
+    return root if asked or not (root / SPECS_DIR).is_dir() else None
+
+
+def sif_spec(args: argparse.Namespace, ref: str, target, command: str, root: Path | None = None):
+    """(loaded, site, identity, what to print about the spec, its data) for a command that runs in a built
+    env: the spec the --sif FILE embeds where `embedded_root` says so, else specs/REF.yaml, and then how the
+    SIF differs from it when --sif names one built from another version; or a StepResult refusing the run.
+    ROOT: where the project's site profiles are (default: the spec's project)."""
+    from envport.builders.weights import guard_secrets
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.targets.base import Unsupported
+
+    where = embedded_root(args, ref)
+    if where is not None:
+        # The site first: its trust policy (trust.require_signed) gates the SIF before its spec is read.
+        site = unlocked(load_site(args.site, where), args.no_lock)
+        try:
+            got = target.embedded(args.sif, ref, where)
+        except Unsupported as exc:
+            return exc.result(f"{command} {ref}")
+        if not hasattr(got, "loaded"):
+            return got
+        guard_secrets(got.loaded.spec)
+        return got.loaded, site, got.identity, got.note, {"spec_source": "embedded", "sif_difference": None}
+    loaded = load_one(args, ref)
+    site = unlocked(load_site(args.site, root or loaded.root), args.no_lock)
+    identity = resolve(loaded, site, target.name).identity
+    differs = target.difference(args.sif, loaded, identity.hash) if getattr(args, "sif", None) else None
+    note = f"spec: {differs['line']}" if differs else ""
+    return loaded, site, identity, note, {"spec_source": "project", "sif_difference": differs}
+
+
 def lock_gate(no_lock: bool, loaded, site):
     """(site, a REFUSED result or None, what the ledger says about the lock) before anything is built.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from envport.commands.verify_sig import signature_lines, verify_step
@@ -20,7 +21,9 @@ def register(sub) -> None:
                        "its risks (set-id files, device nodes, world-writable directories without the sticky "
                        "bit, symlinks leaving the image). It matches specs/NAME.yaml only when the content is "
                        "what the spec and its lock install; when the spec moved on, the changed fields are "
-                       "named. Text from the file is printed with non-printable characters escaped. Exit 0 "
+                       "named, and the fix fits this host (a build where it can build a SIF, else a rebuild by "
+                       "its builder or a run with the spec it embeds); outside a project, how to run it. Text "
+                       "from the file is printed with non-printable characters escaped. Exit 0 "
                        "matches, 1 not a usable SIF (truncated, corrupt, trailing_bytes, bytes_used_mismatch, "
                        "corrupt_object, not a SIF: the reason token says which), 3 stale, content_mismatch, "
                        "labels_disagree, risks, foreign architecture or not built by envport; with keys (--key, the site's "
@@ -105,17 +108,25 @@ def _compare(args, report):
     from envport.plan.site import DEFAULT_SITE, load_site
     from envport.recipe.identity import resolve
     from envport.renderers import RENDERER_VERSION
-    from envport.spec.loader import find_root, load_spec
+    from envport.spec.loader import SPECS_DIR, find_root, load_spec
 
     labels = report.claimed
     name = args.spec or str(labels.get("envport.name", ""))
     step = f"inspect {Path(report.path).name}"
+    root = None
     try:
         root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
         loaded = load_spec(name, None if name.endswith((".yaml", ".yml")) else root)
     except EnvportError as exc:
+        # An admin holding only the file: what they can do with it, not a build they cannot run.
+        embeds = isinstance((report.facts.get("embedded") or {}).get("spec"), dict)
+        run = f"envport witness {shlex.quote(name)} --target apptainer --sif {shlex.quote(report.path)}"
+        in_project = root is not None and (root / SPECS_DIR).is_dir()
         return StepResult(step, Verdict.SKIPPED, f"built as {labels.get('envport.name')}@"
-                          f"{str(labels['envport.hash'])[:12]}; not compared: {exc}")
+                          f"{str(labels['envport.hash'])[:12]}; not compared: {exc}",
+                          lines=[f"to run it: {run}{' --embedded-spec' if in_project else ''} (with the spec it "
+                                 "embeds)" if embeds else f"to run it: get specs/{name}.yaml from its builder, "
+                                 f"then {run} in that project"])
     site_name = args.site or embedded_site(report) or DEFAULT_SITE
     if not args.site and site_name != DEFAULT_SITE and not (root / "sites" / f"{site_name}.yaml").is_file():
         site_name = DEFAULT_SITE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envport.commands._common import add_no_lock_arg, load_one, project_root, unlocked
+from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg, project_root
 from envport.targets.base import VERIFY
 from envport.targets.registry import get, hosted, names
 
@@ -29,9 +29,12 @@ def register(sub) -> None:
                    "differ: that check is skipped and says so)")
     p.add_argument("--sif", default=None, metavar="FILE",
                    help="apptainer: verify this SIF instead of <sif_dir>/<name>-<hash12>.sif (run with apptainer "
-                   "exec where installed, else ch-run on the SIF mounted with squashfuse)")
+                   "exec where installed, else ch-run on the SIF mounted with squashfuse). Outside a project "
+                   "its embedded spec is used, and said so; one built from another version of "
+                   "specs/NAME.yaml is named, with the changed fields")
     p.add_argument("--host", default=None, help=f"{'/'.join(hosted())}: the env on this SSH host (site alias or destination), "
                    "checked through testinfra ssh:// with the site's ssh_config (verify/backends.py)")
+    add_embedded_spec_arg(p, "apptainer: verify the SIF")
     add_no_lock_arg(p, "verify")
     p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
     p.add_argument("--json", action="store_true", help="print the verdict and every check as JSON")
@@ -39,31 +42,42 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from envport.commands._common import embedded_root, sif_spec
     from envport.core.progress import stderr_progress
-    from envport.core.verdict import report
-    from envport.plan.site import load_site
-    from envport.recipe.identity import resolve
+    from envport.core.verdict import StepResult, report
     from envport.report import ledger
 
-    root = project_root(args)
-    loaded = load_one(args, args.spec)
     from envport.core.extras import VERIFY_MODULES, refusal
+
+    target = get(args.target)
+    root = embedded_root(args, args.spec)
+    project = root is None
+    root = root or project_root(args)
+    found = sif_spec(args, args.spec, target, "verify", root=root)
+    if isinstance(found, StepResult):
+        return report([found], args.json, command="verify")
+    loaded, site, identity, note, spec_facts = found
     missing = refusal(f"verify {loaded.spec.name}", VERIFY_MODULES)
     if missing is not None:  # nothing ran, so nothing is recorded
         return report([missing], args.json, command="verify")
-    site = unlocked(load_site(args.site, root), args.no_lock)
     junit = Path(args.junit).resolve() if args.junit else None
     from envport.targets.base import Unsupported, VerifyRequest
 
-    target = get(args.target)
     if not target.supports(VERIFY):
         return report([target.refuse(VERIFY).result(f"verify {loaded.spec.name}")], args.json, command="verify")
     try:
         result = target.verify(VerifyRequest(loaded, site, root, host=args.host, image=args.image,
                                              sif=Path(args.sif).resolve() if args.sif else None, junit=junit,
-                                             progress=stderr_progress))
+                                             progress=stderr_progress,
+                                             identity=None if project else identity))
     except Unsupported as exc:
         return report([exc.result(f"verify {loaded.spec.name}")], args.json, command="verify")
-    ledger.record(root, loaded.spec, kind="verify", target=args.target, hash_=resolve(loaded, site, args.target).hash,
-                  result=result, site=site)
+    differs = spec_facts["sif_difference"]
+    result.data.update(spec_facts)
+    # What was checked is the SIF as built: recorded under its own hash, the spec's beside it.
+    ledger.record(root, loaded.spec, kind="verify", target=args.target,
+                  hash_=differs["sif_hash"] if differs else identity.hash, result=result, site=site,
+                  **({"spec_hash": identity.hash} if differs else {}))
+    if note and not args.json:
+        print(note)
     return report([result], args.json, command="verify")

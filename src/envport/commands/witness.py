@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from envport.commands._common import add_no_lock_arg
+from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg
 from envport.core.verdict import StepResult
 from envport.targets.base import WITNESS, launcher_for
 from envport.targets.registry import get, names
@@ -39,12 +39,15 @@ def register(sub) -> None:
     p.add_argument("--image", default=None, help="docker: image tag (default envport/NAME:<hash12> as --site builds it)")
     p.add_argument("--sif", default=None, metavar="FILE",
                    help="apptainer: the SIF (default <sif_dir>/NAME-<hash12>.sif as --site builds it); run with "
-                   "apptainer exec where installed, else ch-run on the SIF mounted with squashfuse")
+                   "apptainer exec where installed, else ch-run on the SIF mounted with squashfuse. Outside a "
+                   "project its embedded spec is used, and said so; one built from another version of "
+                   "specs/NAME.yaml is named, with the changed fields")
     p.add_argument("--site", default=None, help="site profile (default: local): names the docker image and SSH hosts")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: GPUs where the spec asks for them, else what the env has; cuda: require one")
     p.add_argument("--deadline", type=float, default=300.0,
                    help="seconds per witness script; a stuck group has every rank's stack dumped (default 300)")
+    add_embedded_spec_arg(p, "apptainer: run the witnesses in the SIF")
     add_no_lock_arg(p, "witness")
     p.add_argument("--no-ledger", action="store_true", help="do not append this run to the ledger")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -57,9 +60,8 @@ def _table_row(r: StepResult) -> str:
 
 
 def run(args) -> int:
-    from envport.commands._common import load_one, unlocked
-    from envport.plan.site import load_site
-    from envport.recipe.identity import resolve
+    from envport.commands._common import sif_spec
+    from envport.core.verdict import StepResult, report
     from envport.witness.checks import check_world_size, parse_checks
     from envport.witness.judge import overall
     from envport.witness.plan import WitnessOptions
@@ -68,23 +70,27 @@ def run(args) -> int:
 
     only = parse_checks(args.only, "--only")
     check_world_size(args.world_size)
-    loaded = load_one(args, args.name)
+    target = get(args.target)
+    found = sif_spec(args, args.name, target, "witness")
+    if isinstance(found, StepResult):
+        return report([found], args.json, command="witness")
+    loaded, site, identity, note, spec_facts = found
     spec = loaded.spec
+    if not target.supports(WITNESS):
+        return report([target.refuse(WITNESS).result(f"witness {spec.name}")], args.json, command="witness")
     opts = WitnessOptions(only=only, world_size=args.world_size, device=args.device,
                           deadline_s=args.deadline, fault=os.environ.get(FAULT_ENV) or None, weights=True)
-    site = unlocked(load_site(args.site, loaded.root), args.no_lock)
-    identity = resolve(loaded, site, args.target).identity
-    target = get(args.target)
-    if not target.supports(WITNESS):
-        from envport.core.verdict import report
-
-        return report([target.refuse(WITNESS).result(f"witness {spec.name}")], args.json, command="witness")
     launcher, facts = launcher_for(target, loaded, site, identity, opts, host=args.host, python=args.python,
                                    image=args.image, sif=args.sif)
+    differs = spec_facts["sif_difference"]
+    # What ran is the SIF as built: recorded under its own hash, the spec's beside it.
+    hash_ = differs["sif_hash"] if differs else identity.hash
 
     out = sys.stdout
     if not args.json:
         print(f"envport witness {identity.ref} --target {args.target} ({launcher.describe()})", file=out)
+        if note:
+            print(note, file=out)
         print(f"{'VERDICT':<8} {'TIME':>8}  {'CHECK':<28} DETAIL", file=out)
         opts.on_step = lambda r: _print_step(r, out)
         opts.on_start = lambda call: print(f"  ... {call.label}: {', '.join(call.checks)}", file=sys.stderr,
@@ -94,15 +100,17 @@ def run(args) -> int:
     if not args.no_ledger:
         from envport.report import ledger
 
-        ledger.record(loaded.root, spec, kind="witness", target=args.target, hash_=identity.hash, result=result,
+        ledger.record(loaded.root, spec, kind="witness", target=args.target, hash_=hash_, result=result,
                       site=site, launcher=launcher.describe(), sm_range=spec.sm_range, **facts,
+                      **({"spec_hash": identity.hash} if differs else {}),
+                      spec_source=spec_facts["spec_source"],
                       options={"only": only, "world_size": args.world_size, "device": args.device,
                                "deadline": args.deadline})
     if args.json:
         json.dump({"command": "witness", "exit_code": result.data["exit_code"], "steps": result.data["steps"],
                    "problems": [], "env": spec.name, "hash": identity.hash, "target": args.target,
                    "launcher": launcher.describe(), "verdict": result.verdict.value,
-                   "seconds": round(result.seconds, 3)}, out, indent=2)
+                   "seconds": round(result.seconds, 3), **spec_facts}, out, indent=2)
         out.write("\n")
     else:
         print(f"{result.verdict.value}: {spec.name} witnesses on {args.target} in {result.seconds:.1f}s "

@@ -56,6 +56,8 @@ class Loaded:
     path: Path
     root: Path  # the project root holding specs/ and images/
     chain: list[Path]  # this spec first, then each parent it extends
+    # The SIF whose embedded spec this is (builders/apptainer/sif_spec.py): no project, so no shim file bytes.
+    embedded_in: Path | None = None
 
     @property
     def specs_dir(self) -> Path:
@@ -63,6 +65,9 @@ class Loaded:
 
     def shim_bytes(self) -> dict[str, bytes]:
         """Container path -> file bytes, read once, in sorted order."""
+        if self.embedded_in is not None:
+            raise EnvportError(f"the shim files of {self.spec.name} are not known: its spec comes from "
+                               f"{self.embedded_in}, which names them, not their bytes; run in its project")
         return {dest: (self.specs_dir / src).read_bytes() for dest, src in sorted(self.spec.shim_files.items())}
 
 

@@ -79,7 +79,18 @@ class Apptainer(Target):
     def verify(self, req: VerifyRequest):
         from envport.verify.sif import verify
 
-        return verify(req.loaded, req.site, req.root, sif=req.sif, junit=req.junit, progress=req.progress)
+        return verify(req.loaded, req.site, req.root, sif=req.sif, junit=req.junit, progress=req.progress,
+                      identity=req.identity)
+
+    def embedded(self, where, name, root):
+        from envport.builders.apptainer.sif_spec import embedded
+
+        return embedded(Path(where), name, root)
+
+    def difference(self, where, loaded, spec_hash):
+        from envport.builders.apptainer.sif_spec import difference
+
+        return difference(Path(where), loaded, spec_hash)
 
     def launcher(self, req: WitnessRequest):
         from envport.builders import weights

@@ -91,6 +91,7 @@ class VerifyRequest(EnvOnSite):
     sif: Optional[Path] = None
     junit: Optional[Path] = None
     progress: Progress = quiet
+    identity: Any = None  # the identity the artefact was built under, for a spec it embeds (`embedded`)
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,17 @@ class Target(ABC):
               host: Optional[str] = None) -> tuple[Optional[int], str]:
         """Parity's probe (freeze, python, env) inside the built env WHERE (an image, a SIF, a prefix)."""
         raise self.refuse(PROBE)
+
+    # --- the spec an artefact was built from ------------------------------------------------
+    def embedded(self, where: str, name: str, root: Path):
+        """The spec the artefact WHERE (a --sif FILE) embeds, for a run without the project: an object with
+        `loaded`, `identity` and `note` (the line saying so), or the StepResult refusing it."""
+        raise Unsupported(self.name, "embedded spec", "its artefacts embed no spec: run inside the project")
+
+    def difference(self, where: str, loaded: Any, spec_hash: str) -> Optional[dict]:
+        """How the artefact WHERE differs from LOADED as it resolves now (SPEC_HASH): sif_hash, spec_hash,
+        changed (spec fields) and a `line` for people; None when it does not, or this target cannot say."""
+        return None
 
     def slurm_wrap(self, req: SlurmRequest) -> dict:
         """Where a Slurm task finds the env: witness/slurm_job.JobSpec's image, sif or prefix field."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import secrets
 import tempfile
 import time
@@ -71,15 +72,16 @@ def _refused(step: str, reason: str, detail: str, fix: str, start: float) -> Ste
 
 
 def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None, junit: Optional[Path] = None,
-           progress: Progress) -> StepResult:
-    """Run every check of the spec (and tests/images/) inside the SIF; one StepResult."""
+           progress: Progress, identity=None) -> StepResult:
+    """Run every check of the spec (and tests/images/) inside the SIF; one StepResult.  IDENTITY: the one
+    the SIF was built under, for a spec it embeds (loaded.embedded_in), which cannot be resolved here."""
     import os
 
     import pytest
 
     start = time.monotonic()
     spec = loaded.spec
-    identity = resolve(loaded, site, TARGET).identity
+    identity = identity or resolve(loaded, site, TARGET).identity
     path = Path(sif) if sif else sif_path(site, root, identity)
     step = f"verify {spec.name}@{identity.hash12} ({TARGET} {path.name})"
     try:
@@ -103,12 +105,21 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
     junit = Path(junit) if junit else default_junit(root, spec.name)
     junit.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(6)
-    plugin = VerifyPlugin(spec=spec, spec_path=loaded.path, checks=checks, image=str(path),
-                          make_facts=lambda: Facts(_host(token), labels=labels, venv=CONTAINER_VENV,
-                                                   foreign_hash_ok=sif is not None),
-                          on_result=progress_line(progress))
     out = io.StringIO()
     with sigterm_interrupts(), contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envport-verify-"))
+        spec_path, tests_root = loaded.path, root
+        if loaded.embedded_in is not None:
+            # pytest collects a file: the embedded spec written out, alone in a folder of ours, so no
+            # conftest.py beside the SIF (a shared folder) and no tests/images/ of the cwd join the run.
+            tests_root = Path(tmp) / "spec"
+            tests_root.mkdir()
+            spec_path = tests_root / f"{spec.name}.yaml"
+            spec_path.write_text(json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+        plugin = VerifyPlugin(spec=spec, spec_path=spec_path, checks=checks, image=str(path),
+                              make_facts=lambda: Facts(_host(token), labels=labels, venv=CONTAINER_VENV,
+                                                       foreign_hash_ok=sif is not None),
+                              on_result=progress_line(progress))
         mnt = "" if kind == "apptainer" else str(stack.enter_context(sif_run.mounted(path)))
         # The weights as every run sees them: this host's folders at the spec's paths (mount points
         # the image has: %post made them).
@@ -116,8 +127,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
         _TARGETS[token] = (kind, str(path), mnt, binds)
         stack.callback(_TARGETS.pop, token, None)
         progress(f"envport: [verify] {kind} on {path}" + (f" (mounted at {mnt})" if mnt else ""))
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="envport-verify-"))
-        args = _pytest_args(root, loaded.path, f"{CONNECTION}://{token}", junit, Path(tmp))
+        args = _pytest_args(tests_root, spec_path, f"{CONNECTION}://{token}", junit, Path(tmp))
         args = [a.replace(f"docker://{CONNECTION}://", f"{CONNECTION}://") for a in args]
         with contextlib.redirect_stdout(out):
             code = pytest.main(args, plugins=[plugin])

@@ -20,6 +20,7 @@ bytes_used_mismatch, corrupt, ...); REFUSED `stale` (the spec moved on: the fiel
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,7 +196,7 @@ def compare(report: SifReport, loaded, current_hash: str, renderer_version: str,
     labels = report.claimed
     built = str(labels.get("envport.hash", ""))
     step = f"inspect {Path(report.path).name}"
-    rel = _shown(loaded.path, loaded.root)
+    rel = shown_path(loaded.path, loaded.root)
     data = {"sif_hash": built, "spec_hash": current_hash, "spec": rel}
     claim = f"labels claim {labels.get('envport.name')}@{built[:12]}"
     content = report.facts.get("content")
@@ -210,25 +211,54 @@ def compare(report: SifReport, loaded, current_hash: str, renderer_version: str,
                               reason="content_mismatch", lines=problems, data=data)
         return StepResult(step, Verdict.OK, f"matches {rel} from the content ({loaded.spec.name}@{built[:12]}): "
                           f"{shows}", data=data)
-    embedded = report.facts.get("embedded") or {}
-    old = embedded.get("spec") if isinstance(embedded, dict) else None
-    try:
-        changed = changed_paths(old, loaded.spec.model_dump(mode="json")) if old else []
-    except RecursionError:  # an embedded spec nested just under the JSON parser's limit (crafted)
-        changed = ["(the embedded spec is nested too deeply to compare)"]
-    if not old:
-        why = "no embedded spec (built by apptainer, not envport's builder): the fields cannot be named"
-    elif changed:
-        why = "changed: " + ", ".join(changed[:12]) + (f" (+{len(changed) - 12} more)" if len(changed) > 12 else "")
-    else:
-        moved = []
-        if labels.get("envport.renderer") and labels["envport.renderer"] != renderer_version:
-            moved.append(f"renderer {labels['envport.renderer']} -> {renderer_version}")
-        why = "spec fields unchanged; the hash moved with " + (", ".join(moved) or
-                                                                "shim file bytes, the lock or the site profile")
+    changed, why = stale_reason(report.facts.get("embedded"), loaded, labels, renderer_version)
     data["changed"] = changed
     return StepResult(step, Verdict.REFUSED, f"{claim}, {rel} is {loaded.spec.name}@{current_hash[:12]} now; {why}",
-                      reason="stale", lines=[f"fix: envport build {loaded.spec.name} --target apptainer"], data=data)
+                      reason="stale", lines=stale_fixes(loaded.spec.name, report.path, _has_spec(report.facts.get("embedded"))),
+                      data=data)
+
+
+def _has_spec(embedded: Any) -> bool:
+    return isinstance(embedded, dict) and isinstance(embedded.get("spec"), dict)
+
+
+def stale_reason(embedded: Any, loaded, labels: dict, renderer_version: str) -> tuple[list[str], str]:
+    """(the spec fields that differ between the SIF's embedded spec and LOADED, why the hash moved as a
+    phrase): the fields when the SIF embeds a spec, else what else moves a hash."""
+    old = embedded.get("spec") if isinstance(embedded, dict) else None
+    try:
+        changed = changed_paths(old, loaded.spec.model_dump(mode="json")) if isinstance(old, dict) else []
+    except RecursionError:  # an embedded spec nested just under the JSON parser's limit (crafted)
+        changed = ["(the embedded spec is nested too deeply to compare)"]
+    if not isinstance(old, dict):
+        return changed, "no embedded spec (built by apptainer, not envport's builder): the fields cannot be named"
+    if changed:
+        return changed, "changed: " + ", ".join(changed[:12]) + (f" (+{len(changed) - 12} more)"
+                                                                 if len(changed) > 12 else "")
+    moved = []
+    if labels.get("envport.renderer") and labels["envport.renderer"] != renderer_version:
+        moved.append(f"renderer {labels['envport.renderer']} -> {renderer_version}")
+    return changed, "spec fields unchanged; the hash moved with " + (
+        ", ".join(moved) or "shim file bytes, the lock or the site profile")
+
+
+def can_build() -> bool:
+    """This host can build a SIF (apptainer, or envport's own builder with root and its tools)."""
+    from envport.builders.apptainer.binary import apptainer_binary
+    from envport.builders.apptainer.builder import builder_missing
+
+    return bool(apptainer_binary()) or builder_missing() is None
+
+
+def stale_fixes(name: str, sif: str, embeds: bool) -> list[str]:
+    """The fixes of a stale SIF for its reader: the build where this host can build one, else (an admin
+    holding only the file) a rebuild by its builder, or a run with the spec the SIF embeds."""
+    rebuild = f"envport build {name} --target apptainer"
+    embedded = f"envport witness {name} --target apptainer --sif {shlex.quote(sif)} --embedded-spec" if embeds else ""
+    if can_build():
+        return [f"fix: {rebuild}"] + ([f"or run it as built, with the spec it embeds: {embedded}"] if embeds else [])
+    return [f"fix: ask its builder for a rebuild ({rebuild}, where the project is)"
+            + (f", or run it with the spec it embeds: {embedded}" if embeds else "")]
 
 
 def _judged(content: dict, plan, python: str) -> tuple[list[str], str, list[str]]:
@@ -257,7 +287,7 @@ def embedded_site(report: SifReport) -> Optional[str]:
     return site if isinstance(site, str) and SITE_NAME.match(site) else None
 
 
-def _shown(path: Path, root: Path) -> str:
+def shown_path(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
     except ValueError:

@@ -1,0 +1,122 @@
+"""The spec a SIF embeds (`envport-spec.json`), for an admin who holds the SIF and not its project.
+
+`envport witness NAME --target apptainer --sif FILE` and `envport verify` with no specs/ (or with
+`--embedded-spec`) run the SIF against the spec its build embedded.  That object is a claim, like every
+descriptor; it is used only after the checks that tie it to this image:
+
+- the trust gate first (engines/sif_run.admit): under a site's `trust.require_signed` nothing is read from
+  an unverified file as a spec (a signature covers the object: it is in the partition's group);
+- the SIF read as `envport inspect` reads it (sif_inspect.read_report): a whole SIF, its partition the one
+  the embedded record names (sha256), its own `/.singularity.d` labels agreeing with the descriptor's;
+- the image's own labels naming the embedded spec's name and hash;
+- the spec validated as a spec file is (an unknown field or a name no shell can quote is refused).
+
+Risky entries (set-id files, device nodes) are not a reason to refuse here, as they are not for a SIF run
+with its project's spec: every mount is `nosuid,nodev` (docs/apptainer.md, the admin's threat model).
+What the embedded spec cannot give: the shim files' bytes (the spec names them, the project holds them),
+so verify checks those files are there and says their bytes were not checked.
+
+`difference` is the other direction: a project's spec and a SIF built from another version of it; the
+changed fields are named from the embedded spec, as `inspect`'s `stale` verdict names them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional, Union
+
+from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.core.verdict import StepResult, Verdict
+from envport.recipe.identity import Identity
+from envport.spec.loader import Loaded
+
+
+@dataclass(frozen=True)
+class Embedded:
+    loaded: Loaded  # path: the SIF itself; embedded_in set (no project: no shim bytes, no lock)
+    identity: Identity  # the hash the SIF was built under: the embedded spec's, the image's own label
+    checked: str  # what tied the spec to the image
+
+    @property
+    def note(self) -> str:
+        sif = Path(self.loaded.path).name
+        return (f"spec: the one {sif} embeds ({SPEC_OBJECT}; no specs/{self.identity.name}.yaml here): "
+                f"{self.identity.ref}, {self.checked}")
+
+
+def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
+    """The spec SIF embeds as a Loaded rooted at ROOT (where the run records and writes its reports), or
+    the StepResult refusing it.  NAME must be the embedded spec's name (an EnvportError, exit 2, if not)."""
+    from envport.builders.apptainer.sif_inspect import failure, read_report
+    from envport.core.errors import EnvportError
+    from envport.core.untrusted import shown
+    from envport.engines.sif_run import admit
+    from envport.spec.model import Spec
+    from envport.spec.yamlfile import RawSpec, validate
+
+    step = f"spec {sif.name}"
+    admit(sif)  # TrustRefused (exit 3) before anything in the file is read as a spec
+    report, problem = read_report(sif)
+    if problem is not None:
+        if problem.reason == "not_found":
+            return _refused(step, "sif_missing", problem.message, "check the path given to --sif")
+        return replace(failure(report, problem), step=step, lines=[f"fix: envport inspect {sif}"])
+    for check in report.checks:
+        if check.name != "risks" and check.verdict in (Verdict.FAILED, Verdict.REFUSED):
+            return StepResult(step, check.verdict, f"its embedded spec is not used: {check.detail}",
+                              reason=check.reason, lines=[f"fix: envport inspect {sif}", *check.lines])
+    doc = report.facts.get("embedded")
+    spec_data = doc.get("spec") if isinstance(doc, dict) else None
+    if not isinstance(spec_data, dict):
+        return _refused(step, "no_embedded_spec", f"{sif} holds no {SPEC_OBJECT} (apptainer built it, not "
+                        "envport's builder), so there is no spec to run it with",
+                        f"run it in the project that built it (specs/{name}.yaml), or pass -C ROOT")
+    built_as, built_hash = spec_data.get("name"), doc.get("hash")
+    if built_as != name:
+        raise EnvportError(f"{sif} embeds the spec of {shown(str(built_as))}, not {name}: name the env it "
+                           f"holds (envport witness {shown(str(built_as))} --target apptainer --sif {sif})")
+    own = (report.facts.get("content") or {}).get("labels") or {}
+    if doc.get("name") != name or own.get("envport.name") != name or not isinstance(built_hash, str) \
+            or own.get("envport.hash") != built_hash:
+        return _refused(step, "embedded_spec_mismatch",
+                        f"{SPEC_OBJECT} says {shown(str(doc.get('name')))}@{shown(str(built_hash))[:12]}, the "
+                        f"image's own labels {shown(str(own.get('envport.name')))}@"
+                        f"{shown(str(own.get('envport.hash')))[:12]}: the spec object is not this image's",
+                        f"envport inspect {sif}; get the file again from its builder")
+    spec = validate(RawSpec(sif, spec_data), spec_data, Spec, f"{sif} ({SPEC_OBJECT})")
+    integrity = next((c for c in report.checks if c.name == "integrity"), None)
+    tied = "the image's own labels name the same env and hash" + (
+        ", its partition is the one it records (sha256)" if integrity and integrity.verdict is Verdict.OK else
+        " (it records no partition sha256)")
+    site = doc.get("site") if isinstance(doc.get("site"), str) else None
+    loaded = Loaded(spec=spec, path=Path(sif), root=root, chain=[Path(sif)], embedded_in=Path(sif))
+    return Embedded(loaded, Identity(name, built_hash, site), f"{tied} (claims, like any label: only a "
+                    "signature says who built it)")
+
+
+def difference(sif: Path, loaded: Loaded, spec_hash: str) -> Optional[dict]:
+    """How the SIF differs from LOADED as it resolves now (SPEC_HASH): None when its labels carry that hash,
+    or the file cannot be read (the run itself then says why); else the hashes, the changed fields and a line."""
+    from envport.builders.apptainer.sif_inspect import shown_path, stale_reason
+    from envport.engines.sif import SifError, read_json_object, read_sif, sif_labels
+    from envport.renderers import RENDERER_VERSION
+
+    try:
+        info = read_sif(sif)
+        labels = sif_labels(info)
+        doc = read_json_object(info, SPEC_OBJECT)
+    except SifError:
+        return None
+    built = str(labels.get("envport.hash", ""))
+    if not built or built == spec_hash:
+        return None
+    changed, why = stale_reason(doc, loaded, labels, RENDERER_VERSION)
+    rel = shown_path(loaded.path, loaded.root)
+    return {"sif_hash": built, "spec_hash": spec_hash, "changed": changed,
+            "line": f"{Path(sif).name} was built as {loaded.spec.name}@{built[:12]}, {rel} is "
+                    f"{loaded.spec.name}@{spec_hash[:12]} now; {why}"}
+
+
+def _refused(step: str, reason: str, detail: str, fix: str) -> StepResult:
+    return StepResult(step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"])
