@@ -79,6 +79,8 @@ def test_witness_and_verify_with_only_the_sif_use_its_embedded_spec(tiny_sif: Bu
     # The spec's own promises, checked in the SIF: pins, env, and the hash label under its built hash.
     assert outcomes["pip[six==1.16.0]"] == outcomes["env[TINY_GREETING]"] == "passed", outcomes
     assert outcomes["label[envport.hash]"] == "passed", outcomes
+    # The admin's folder is not a project: the runs leave nothing in it (pytest's cache, .benchmarks).
+    assert sorted(p.name for p in admin_dir.iterdir()) == [], "left in the admin's folder"
 
 
 def test_a_name_the_sif_does_not_embed_is_refused(tiny_sif: BuiltSif, admin_dir: Path):

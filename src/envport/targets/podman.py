@@ -193,7 +193,7 @@ def verify(req: VerifyRequest) -> StepResult:
     from envport.builders import weights
     from envport.core.proc import sigterm_interrupts
     from envport.plan.steps import CONTAINER_VENV
-    from envport.verify.backends import _pytest_args
+    from envport.verify.docker import pytest_args
     from envport.verify.checks import Facts, spec_checks
     from envport.verify.docker import VERIFY_LABEL, default_junit
     from envport.verify.plugin import VerifyPlugin
@@ -232,7 +232,7 @@ def verify(req: VerifyRequest) -> StepResult:
                 return StepResult(step, Verdict.FAILED, f"podman could not start {name}",
                                   lines=started.text.splitlines()[-20:])
             with tempfile.TemporaryDirectory(prefix="envport-verify-") as tmp, contextlib.redirect_stdout(out):
-                code = pytest.main(_pytest_args(req.root, req.loaded.path, [f"--hosts=podman://{name}"], junit,
+                code = pytest.main(pytest_args(req.root, req.loaded.path, [f"--hosts=podman://{name}"], junit,
                                                 Path(tmp)), plugins=[plugin])
         finally:
             _engine().remove_container(name)

@@ -39,7 +39,7 @@ from envport.spec.loader import Loaded
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.verify.checks import CheckFailed, Facts, parse_env0, shell_path, spec_checks
-from envport.verify.docker import USER_TESTS, default_junit
+from envport.verify.docker import default_junit, pytest_args
 from envport.verify.plugin import VerifyPlugin
 from envport.verify.report import outcome, progress_line, shown_path
 
@@ -79,22 +79,6 @@ def rebase(checks, root: str, weights_at: Optional[dict] = None, weight_env: Opt
             return dataclasses.replace(c, expected=weight_env[c.key])
         return c
     return [one(c) for c in checks]
-
-
-def _pytest_args(root: Path, spec_path: Path, hosts: list[str], junit: Path, workdir: Path) -> list[str]:
-    ini = workdir / "pytest.ini"
-    ini.write_text("[pytest]\n")  # the project's own pytest settings are not for env tests
-    args = [str(spec_path), "-c", str(ini), "--rootdir", str(root), "-p", "no:cacheprovider", "-q",
-            "--no-header", f"--junitxml={junit}", "-o", "junit_family=xunit2",
-            "-o", "junit_suite_name=envport-verify", *hosts]
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        args += ["-p", "testinfra.plugin"]
-    user_tests = root / USER_TESTS
-    if user_tests.is_dir():
-        args += [str(user_tests), "--confcutdir", str(user_tests)]
-    else:
-        args += ["--confcutdir", str(spec_path.parent)]
-    return args
 
 
 def _testinfra_target(ssh_host) -> tuple[str, dict, list[str]]:
@@ -175,7 +159,7 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
             control["controlpath"] = f"{tmp}/cm"
         try:
             with contextlib.redirect_stdout(out):
-                code = pytest.main(_pytest_args(root, loaded.path, host_args, junit, Path(tmp)), plugins=[plugin])
+                code = pytest.main(pytest_args(root, loaded.path, host_args, junit, Path(tmp)), plugins=[plugin])
         finally:
             if host and os.path.exists(control["controlpath"]):
                 _close_master(ssh_host, control["controlpath"])

@@ -41,15 +41,18 @@ def default_junit(root: Path, name: str) -> Path:
     return root / REPORTS / f"verify-{name}.xml"
 
 
-def _pytest_args(root: Path, spec_path: Path, container: str, junit: Path, workdir: Path) -> list[str]:
+def pytest_args(root: Path, spec_path: Path, hosts: list[str], junit: Path, workdir: Path) -> list[str]:
+    """pytest's argv for a verify run of SPEC_PATH's checks on HOSTS (testinfra `--hosts=` arguments)."""
     ini = workdir / "pytest.ini"
-    ini.write_text("[pytest]\n")  # the project's own pytest settings are not for image tests
-    user_tests = root / USER_TESTS
-    args = [str(spec_path), "-c", str(ini), "--rootdir", str(root), "-p", "no:cacheprovider", "-q",
-            "--no-header", f"--junitxml={junit}", "-o", "junit_family=xunit2",
-            "-o", "junit_suite_name=envport-verify", f"--hosts=docker://{container}"]
+    ini.write_text("[pytest]\n")  # the project's own pytest settings are not for env tests
+    # No cache and no benchmark plugin: either would leave a folder (.pytest_cache, .benchmarks) in the
+    # reader's directory, which for an admin running a pulled SIF is not a project of theirs.
+    args = [str(spec_path), "-c", str(ini), "--rootdir", str(root), "-p", "no:cacheprovider", "-p", "no:benchmark",
+            "-q", "--no-header", f"--junitxml={junit}", "-o", "junit_family=xunit2",
+            "-o", "junit_suite_name=envport-verify", *hosts]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         args += ["-p", "testinfra.plugin"]
+    user_tests = root / USER_TESTS
     if user_tests.is_dir():
         args += [str(user_tests), "--confcutdir", str(user_tests)]
     else:
@@ -107,7 +110,8 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
                 img.id, entrypoint=["sleep", "infinity"], detach=True, name=name,
                 network_mode=site.network, labels={VERIFY_LABEL: spec.name}, volumes=mounts)
             with tempfile.TemporaryDirectory(prefix="envport-verify-") as tmp, contextlib.redirect_stdout(out):
-                code = pytest.main(_pytest_args(root, loaded.path, name, junit, Path(tmp)), plugins=[plugin])
+                args = pytest_args(root, loaded.path, [f"--hosts=docker://{name}"], junit, Path(tmp))
+                code = pytest.main(args, plugins=[plugin])
         finally:
             if container is not None:
                 with contextlib.suppress(docker.errors.APIError):

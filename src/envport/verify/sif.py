@@ -36,7 +36,7 @@ from envport.plan.steps import CONTAINER_VENV
 from envport.recipe.identity import resolve
 from envport.spec.loader import Loaded
 from envport.verify.checks import Facts, spec_checks
-from envport.verify.docker import _pytest_args, default_junit
+from envport.verify.docker import default_junit, pytest_args
 from envport.verify.plugin import VerifyPlugin
 from envport.verify.report import outcome, progress_line, shown_path
 
@@ -127,8 +127,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
         _TARGETS[token] = (kind, str(path), mnt, binds)
         stack.callback(_TARGETS.pop, token, None)
         progress(f"envport: [verify] {kind} on {path}" + (f" (mounted at {mnt})" if mnt else ""))
-        args = _pytest_args(tests_root, spec_path, f"{CONNECTION}://{token}", junit, Path(tmp))
-        args = [a.replace(f"docker://{CONNECTION}://", f"{CONNECTION}://") for a in args]
+        args = pytest_args(tests_root, spec_path, [f"--hosts={CONNECTION}://{token}"], junit, Path(tmp))
         with contextlib.redirect_stdout(out):
             code = pytest.main(args, plugins=[plugin])
     results = plugin.results
