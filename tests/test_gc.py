@@ -75,18 +75,23 @@ def test_decide_orders_old_hashes_by_their_newest_ledger_record_before_when_they
 
 # --- docker: real images --------------------------------------------------------------------------------
 
-def _import(client, name: str, hash_: str, *, extra_tags: tuple[str, ...] = (), labels: dict | None = None) -> str:
-    """An image envport/NAME:<hash12> of one random 1 MB file, labelled as a build of NAME@HASH_ is."""
+def _payload_tar() -> bytes:
+    """A tar of one random 1 MB file: an image's content that no other image shares."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         data = os.urandom(1 << 20)
         info = tarfile.TarInfo("payload")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _import(client, name: str, hash_: str, *, extra_tags: tuple[str, ...] = (), labels: dict | None = None) -> str:
+    """An image envport/NAME:<hash12> of one random 1 MB file, labelled as a build of NAME@HASH_ is."""
     labels = {"envport.name": name, "envport.hash": hash_} if labels is None else labels
     changes = [f"LABEL {k}={v}" for k, v in labels.items()]
     tag = f"envport/{name}:{hash_[:12]}"
-    subprocess.run(["docker", "import", *sum((["-c", c] for c in changes), []), "-", tag], input=buf.getvalue(),
+    subprocess.run(["docker", "import", *sum((["-c", c] for c in changes), []), "-", tag], input=_payload_tar(),
                    check=True, capture_output=True)
     for t in extra_tags:
         client.images.get(tag).tag(t)
@@ -313,14 +318,8 @@ def test_gc_removes_old_podman_images_and_leaves_unlabelled_ones(project, tmp_pa
     try:
         for hash_, labels in ((cur, {"envport.name": name, "envport.hash": cur}),
                               (old, {"envport.name": name, "envport.hash": old}), ("d" * 64, {})):
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                data = os.urandom(1 << 20)
-                info = tarfile.TarInfo("payload")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
             changes = sum((["-c", f"LABEL {k}={v}"] for k, v in labels.items()), [])
-            ran = _podman("import", *changes, "-", f"envport/{name}:{hash_[:12]}", stdin=buf.getvalue())
+            ran = _podman("import", *changes, "-", f"envport/{name}:{hash_[:12]}", stdin=_payload_tar())
             assert ran.returncode == 0, ran.stderr
         proc, out = _gc(project, env, name, "--target", "podman", "--keep", "0")
         assert proc.returncode == 0, proc.stdout + proc.stderr
