@@ -20,6 +20,7 @@ from envport.porting.context import BuildContext
 from envport.porting.report import REPORTED, Draft, Note, turned_into
 from envport.porting.source import ImportRefused, read_text
 from envport.porting.spec_text import Output, slug, spec_text
+from envport.porting.weights import promote_weights
 from envport.porting.witnesses import add_import_witnesses
 from envport.spec.venv_needs import DISTRO_PYTHON, venv_packages
 from envport.spec.yamlfile import MAX_BYTES
@@ -168,6 +169,7 @@ def finish(draft: Draft, base: Optional[str], python: Optional[str]) -> None:
                        "this Debian/Ubuntu base cannot run without them")
     _torch_order(draft)
     add_import_witnesses(draft)
+    promote_weights(draft)
     last_pip = max((p.seq for p in draft.phases), default=0)
     for cmd, file, line, seq in draft.run_commands:
         if seq < last_pip:

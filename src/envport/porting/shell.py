@@ -189,7 +189,7 @@ def handle(text: str, line: Optional[int], ctx: ShellContext) -> None:
             _, entry = ctx.draft.suggested_weights.pop()
             _suggest_weights(f"{entry['source']} && {seg}", ctx)
             ctx.note(line, seg, DROPPED, "unpacks or tidies the weights downloaded before it in this line",
-                     "it is part of that download's `source` in the suggested weight_dirs entry")
+                     "it is part of that download's `source` in its weight_dirs entry")
             continue
         before = len(ctx.draft.suggested_weights)
         outcome = _classify(seg, line, ctx)
@@ -226,7 +226,7 @@ def _keep(text: str, line: Optional[int], ctx: ShellContext, whole_because: str 
         weighty = _weighty(text)
         if weighty:
             ctx.note(line, text, KEPT, "downloads model weights during the build (the image would carry them)",
-                     "move it to a weight_dirs entry's `source` and fetch at run time (see the suggestion in "
+                     "move it to a weight_dirs entry's `source` and fetch at run time (see weight_dirs in "
                      "the spec)")
             _suggest_weights(text, ctx)
         else:
@@ -433,7 +433,8 @@ def _weights_family(words, seg, line, ctx) -> Optional[Outcome]:
     if not (hub or fetch or MODEL_DOWNLOADER.search(seg)):
         return None
     ctx.note(line, seg, DROPPED, "downloads model weights during the build; envport never bakes weights",
-             "see the suggested weight_dirs entry in the spec: fetch at run time with its `source`")
+             "see its weight_dirs entry in the spec (commented out where its command cannot write to "
+             "$ENVPORT_WEIGHT_DIR): once its files are pinned, `envport weights fetch` runs that `source` at run time")
     _suggest_weights(seg, ctx)
     return Outcome.DONE
 
