@@ -65,9 +65,10 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
         hit = present_cache.checked(base, spec, site, target, _recorded_sif)
         if hit is None:
             return None
-        size = hit["size"]  # as builders/apptainer/builder.py words it
-        step, detail = f"sif {os.path.basename(hit['sif'])}", \
-            f"{hit['sif']} ({f'{size / 1e9:.2f} GB' if size >= 1e9 else f'{size / 1e6:.0f} MB'})"
+        from envport.core.progress import human_size  # sys and typing only: the path stays fast
+
+        size = hit["size"]
+        step, detail = f"sif {os.path.basename(hit['sif'])}", f"{hit['sif']} ({human_size(size)})"  # as the builder words it
         data = {"sif": hit["sif"], "size": size, "route": "present", "checked": "build record"}
     if as_json:
         import json
