@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import re
 
 from envport.commands._common import add_json_arg, project_root
 from envport.core.errors import EnvportError
 from envport.targets.registry import NAMES
 
-HOLD, RELEASE = "hold", "release"
 HASH_RE = re.compile(r"[0-9a-f]{12,64}")
 
 
@@ -42,28 +40,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _ledger_facts(records: list[dict]) -> tuple[dict, dict]:
-    """(hash12 -> when held, (target, hash12) -> epoch seconds of the newest record) from a ledger."""
-    held: dict[str, str] = {}
-    used: dict[tuple[str, str], float] = {}
-    for r in records:
-        if r.get("kind") in (HOLD, RELEASE) and isinstance(r.get("held"), str):
-            if r["kind"] == HOLD:
-                held[r["held"][:12]] = str(r.get("when", ""))
-            else:
-                held.pop(r["held"][:12], None)
-        elif isinstance(r.get("hash"), str) and isinstance(r.get("target"), str):
-            try:
-                t = _dt.datetime.fromisoformat(str(r.get("when"))).timestamp()
-            except ValueError:
-                continue
-            key = (r["target"], r["hash"][:12])
-            used[key] = max(used.get(key, 0.0), t)
-    return held, used
-
-
 def _hold(args, root, site) -> int:
     from envport.core.verdict import StepResult, Verdict, envelope, print_json
+    from envport.flow.gc import HOLD, RELEASE
     from envport.report import ledger
 
     kind, value = (HOLD, args.hold) if args.hold else (RELEASE, args.release)
@@ -117,7 +96,7 @@ def run(args) -> int:
         name = loaded.spec.name
         current = frozenset(resolve(loaded, s, t.name).identity.hash12 for t in targets
                             for s in (site, unlocked(site, True)))
-        held, used = _ledger_facts(ledger.read(root, name, site.ledger_dir))
+        held, used = gc.ledger_facts(ledger.read(root, name, site.ledger_dir))
         arts, notes = gc.scan(name, site, root, targets, cache, explicit=bool(args.target))
         steps += notes
         env_steps = gc.apply(gc.decide(arts, gc.EnvState(current, held, used), args.keep), by_name, root,

@@ -56,3 +56,11 @@ def _replaced_by(tmp: Path, path: Path, mode: int) -> Iterator[None]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def shown_path(path: Path, root: Path) -> str:
+    """PATH relative to the project ROOT when it is inside it, else as given: how a line names a file."""
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

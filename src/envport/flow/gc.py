@@ -22,6 +22,7 @@ from envport.core.verdict import StepResult, Verdict
 from envport.targets.base import UNSUPPORTED_REASON, Artefact, GcRequest, Target, Unavailable, Unsupported
 
 REMOVE, KEEP, LEAVE = "remove", "keep", "leave"
+HOLD, RELEASE = "hold", "release"  # the ledger records `envport gc NAME --hold/--release HASH` writes
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,26 @@ class EnvState:
     current: frozenset  # hash12s `build` gives the spec now
     held: dict  # hash12 -> when a `hold` record was written
     last_used: dict  # (target, hash12) -> epoch seconds of its newest ledger record
+
+
+def ledger_facts(records: list[dict]) -> tuple[dict, dict]:
+    """(hash12 -> when held, (target, hash12) -> epoch seconds of the newest record) from a ledger."""
+    held: dict[str, str] = {}
+    used: dict[tuple[str, str], float] = {}
+    for r in records:
+        if r.get("kind") in (HOLD, RELEASE) and isinstance(r.get("held"), str):
+            if r["kind"] == HOLD:
+                held[r["held"][:12]] = str(r.get("when", ""))
+            else:
+                held.pop(r["held"][:12], None)
+        elif isinstance(r.get("hash"), str) and isinstance(r.get("target"), str):
+            try:
+                t = _dt.datetime.fromisoformat(str(r.get("when"))).timestamp()
+            except ValueError:
+                continue
+            key = (r["target"], r["hash"][:12])
+            used[key] = max(used.get(key, 0.0), t)
+    return held, used
 
 
 def _day(t: float) -> str:
@@ -133,22 +154,21 @@ def scan(name: str, site, root: Path, targets: list[Target], cache: dict,
     for t in targets:
         try:
             arts += t.artefacts(req)
-        except Unsupported as exc:
+        except (Unsupported, Unavailable) as exc:
+            once = f"{type(exc).__name__.lower()} {t.name}"
             if explicit:
-                steps.append(exc.result(f"gc {name} {t.name}"))
-            elif f"unsupported {t.name}" not in cache:  # once per run: the reason is the target's, not the env's
-                cache[f"unsupported {t.name}"] = True
-                steps.append(StepResult(f"gc {t.name}", Verdict.SKIPPED, exc.reason, reason=UNSUPPORTED_REASON))
-        except Unavailable as exc:
-            key = f"unavailable {t.name}"
-            if explicit:
-                steps.append(StepResult(f"gc {name} {t.name}", Verdict.REFUSED, exc.result.detail,
-                                        reason=exc.result.reason))
-            elif key not in cache:
-                cache[key] = True
-                steps.append(StepResult(f"gc {t.name}", Verdict.SKIPPED, exc.result.detail,
-                                        reason=exc.result.reason))
+                steps.append(_cannot(exc, f"gc {name} {t.name}", Verdict.REFUSED, whole=True))
+            elif once not in cache:  # once per run: the reason is the target's, not the env's
+                cache[once] = True
+                steps.append(_cannot(exc, f"gc {t.name}", Verdict.SKIPPED, whole=False))
     return arts, steps
+
+
+def _cannot(exc: Unsupported | Unavailable, step: str, verdict: Verdict, whole: bool) -> StepResult:
+    """A target that cannot list its builds: WHOLE says `--target T has no gc: …`, else the reason alone."""
+    if isinstance(exc, Unsupported):
+        return StepResult(step, verdict, str(exc) if whole else exc.reason, reason=UNSUPPORTED_REASON)
+    return StepResult(step, verdict, exc.result.detail, reason=exc.result.reason)
 
 
 def total_line(steps: list[StepResult], dry_run: bool) -> str:

@@ -197,7 +197,8 @@ def verify(req: VerifyRequest) -> StepResult:
     from envport.verify.checks import Facts, spec_checks
     from envport.verify.docker import VERIFY_LABEL, default_junit
     from envport.verify.plugin import VerifyPlugin
-    from envport.verify.report import outcome, progress_line, shown_path
+    from envport.core.files import shown_path
+    from envport.verify.report import outcome, progress_line
 
     start = time.monotonic()
     spec, identity = req.loaded.spec, _resolve(req.loaded, req.site).identity

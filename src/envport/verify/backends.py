@@ -41,7 +41,8 @@ from envport.core.verdict import StepResult, Verdict
 from envport.verify.checks import CheckFailed, Facts, parse_env0, shell_path, spec_checks
 from envport.verify.docker import default_junit, pytest_args
 from envport.verify.plugin import VerifyPlugin
-from envport.verify.report import outcome, progress_line, shown_path
+from envport.core.files import shown_path
+from envport.verify.report import outcome, progress_line
 
 TARGET = "venv"
 

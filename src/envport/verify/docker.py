@@ -28,7 +28,8 @@ from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
 from envport.verify.checks import Facts, spec_checks
 from envport.verify.plugin import VerifyPlugin
-from envport.verify.report import outcome, progress_line, shown_path
+from envport.core.files import shown_path
+from envport.verify.report import outcome, progress_line
 
 TARGET = "docker"
 USER_TESTS = Path("tests") / "images"

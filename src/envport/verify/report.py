@@ -3,7 +3,6 @@ from pytest's exit and the items' outcomes, and the verdict."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -46,8 +45,3 @@ def outcome(code: int, results: list[dict], output: str) -> tuple[Verdict, list[
 
 
 
-def shown_path(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)

@@ -38,7 +38,8 @@ from envport.spec.loader import Loaded
 from envport.verify.checks import Facts, spec_checks
 from envport.verify.docker import default_junit, pytest_args
 from envport.verify.plugin import VerifyPlugin
-from envport.verify.report import outcome, progress_line, shown_path
+from envport.core.files import shown_path
+from envport.verify.report import outcome, progress_line
 
 TARGET = "apptainer"
 CONNECTION = "envport-sif"

@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from envport.builders.apptainer import sif_content
 from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.core.files import shown_path
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.sif import (DATA_DEFFILE, SifError, json_member, primary_partition, read_json_object,
                                  read_object, read_sif, read_squashfs_superblock, sif_labels)
@@ -287,8 +288,3 @@ def embedded_site(report: SifReport) -> Optional[str]:
     return site if isinstance(site, str) and SITE_NAME.match(site) else None
 
 
-def shown_path(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)

@@ -98,7 +98,8 @@ def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
 def difference(sif: Path, loaded: Loaded, spec_hash: str) -> Optional[dict]:
     """How the SIF differs from LOADED as it resolves now (SPEC_HASH): None when its labels carry that hash,
     or the file cannot be read (the run itself then says why); else the hashes, the changed fields and a line."""
-    from envport.builders.apptainer.sif_inspect import shown_path, stale_reason
+    from envport.builders.apptainer.sif_inspect import stale_reason
+    from envport.core.files import shown_path
     from envport.engines.sif import SifError, read_json_object, read_sif, sif_labels
     from envport.renderers import RENDERER_VERSION
 
