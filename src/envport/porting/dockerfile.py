@@ -233,30 +233,35 @@ def _copy_from(kind: str, source: str, srcs: list[str], dest: str, line: int, ct
         env_copy = bool(PY_ENV_PATH.search(path)) or any(
             path == r or path.startswith(r + "/") or r.startswith(path.rstrip("/") + "/") for r in stage.roots)
         if env_copy and stage.draft.phases:
-            if stage.carried_at:
-                draft.note(line, shown, REPORTED, f"copies {src} from the python env of stage {stage.name}, whose "
-                           f"pip calls were imported at line {stage.carried_at}", "check the env's own venv "
-                           "(/opt/envport/venv) serves what this copy was for")
-                continue
-            for ph in sorted(stage.draft.phases, key=lambda p: p.seq):
-                draft.add_phase(ph)
-            phase_lines = {ph.line for ph in stage.draft.phases}
-            for n in stage.draft.notes:  # what was said about those pip calls, and what the stage lost
-                if n in stage.draft.lost:
-                    draft.lost.append(n)
-                if n.line in phase_lines or n in stage.draft.lost:
-                    draft.notes.append(n)
-            stage.carried_at = line
-            pkgs = [p for ph in stage.draft.phases for p in ph.packages]
-            draft.note(line, shown, turned_into("pip_phases"),
-                       f"copies {src}, where stage {stage.name} (line {stage.line}) installed "
-                       f"{', '.join(pkgs[:6])}{' …' if len(pkgs) > 6 else ''}: its pip calls are imported as "
-                       "phases here, in their order", "check nothing else the stage built lives under it")
+            _carry(stage, src, shown, line, draft)
         else:
             what = "its pip installs are elsewhere" if stage.draft.phases else "it installs nothing with pip"
             draft.lose(line, shown, f"copies {src} out of stage {stage.name} (line {stage.line}), made by RUN lines "
                        f"the spec does not hold ({what})", "build it as a wheel (then `name @ https://…#sha256=…`), "
                        "or move the stage's steps into run_commands")
+
+
+def _carry(stage: Stage, src: str, shown: str, line: int, draft: Draft) -> None:
+    """A COPY of STAGE's python env: its pip calls (and what was said of them) become phases here, once."""
+    if stage.carried_at:
+        draft.note(line, shown, REPORTED, f"copies {src} from the python env of stage {stage.name}, whose "
+                   f"pip calls were imported at line {stage.carried_at}", "check the env's own venv "
+                   "(/opt/envport/venv) serves what this copy was for")
+        return
+    for ph in sorted(stage.draft.phases, key=lambda p: p.seq):
+        draft.add_phase(ph)
+    phase_lines = {ph.line for ph in stage.draft.phases}
+    for n in stage.draft.notes:  # what was said about those pip calls, and what the stage lost
+        if n in stage.draft.lost:
+            draft.lost.append(n)
+        if n.line in phase_lines or n in stage.draft.lost:
+            draft.notes.append(n)
+    stage.carried_at = line
+    pkgs = [p for ph in stage.draft.phases for p in ph.packages]
+    draft.note(line, shown, turned_into("pip_phases"),
+               f"copies {src}, where stage {stage.name} (line {stage.line}) installed "
+               f"{', '.join(pkgs[:6])}{' …' if len(pkgs) > 6 else ''}: its pip calls are imported as "
+               "phases here, in their order", "check nothing else the stage built lives under it")
 
 
 def _heredoc(ins: dict, doc: re.Match, body: list[dict], k: int, ctx: ShellContext) -> int:

@@ -122,7 +122,6 @@ class Apptainer(Target):
         with sif_run.mounted(Path(where)) as mnt:
             return run(sif_run.ch_run_argv(str(mnt), ["python3", "-", *names]), env=sif_run.ch_run_env())
 
-
     def artefacts(self, req: GcRequest):
         """`<sif_dir>/<name>-<hash12>.sif` files: this user's, and envport's by this machine's build record
         or the SIF's own labels (a file in a shared sif_dir is another user's, or a copy: left)."""
