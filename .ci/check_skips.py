@@ -22,9 +22,17 @@ sys.path.insert(0, str(REPO))
 from tests.allowed_skips import allowed  # noqa: E402
 
 
+def _without_group(name: str) -> str:
+    """test_z[param]@group -> test_z[param]: the group follows the parameters, which may hold an @ of their own."""
+    head, at, group = name.rpartition("@")
+    return head if at and "[" not in group and "]" not in group and "/" not in group else name
+
+
 def nodeid(classname: str, name: str, rootdir: Path = REPO) -> str:
     """JUnit's dotted classname back to a pytest node id: the longest dotted prefix that is a file under
-    ROOTDIR is the module, the rest are classes (tests.test_x.TestY + test_z -> tests/test_x.py::TestY::test_z)."""
+    ROOTDIR is the module, the rest are classes (tests.test_x.TestY + test_z -> tests/test_x.py::TestY::test_z).
+    The `@GROUP` that `--dist loadgroup` appends to a test's name is not part of its id."""
+    name = _without_group(name)
     parts = classname.split(".")
     for i in range(len(parts), 0, -1):
         path = "/".join(parts[:i]) + ".py"

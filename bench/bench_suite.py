@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where the test suite's time goes: its wall time, its slowest tests, and its 10 costliest fixtures.
 
-Runs pytest in this process (the same tests, services and options CI's `python3 -m pytest` takes:
-tests/README.md) with a small plugin that times every fixture's setup and teardown, measured,
+Runs pytest in this process, serially (`-n 0`; CI's run uses two workers: tests/README.md "Two
+workers"; otherwise the same tests, services and options CI's `python3 -m pytest` takes) with a small plugin that times every fixture's setup and teardown, measured,
 never estimated: a fixture's setup is timed inside pytest's `pytest_fixture_setup` (its own body
 only: pytest sets up the fixtures it depends on before that hook), its teardown from its first
 finalizer to `pytest_fixture_post_finalizer`.  Then prints the suite's wall time, the slowest
@@ -106,7 +106,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="envport-bench-suite-") as tmp:
         junit = Path(tmp) / "junit.xml"
         start = time.perf_counter()
-        rc = int(pytest.main(["-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args], plugins=[timer]))
+        # `-n 0`: the fixtures are timed in this process; under the two workers of pyproject's addopts they
+        # would run in the workers, and the table would be empty.  A later `-n` in PYTEST ARGS wins (its
+        # wall time is then the parallel run's, and the fixture table says nothing).
+        rc = int(pytest.main(["-p", "no:cacheprovider", "-n", "0", f"--junitxml={junit}", *pytest_args],
+                             plugins=[timer]))
         wall = time.perf_counter() - start
         found = cases(junit) if junit.is_file() else []
     costs = list(timer.costs.values())

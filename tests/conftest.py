@@ -14,12 +14,28 @@ import pytest
 
 pytest_plugins = ["tests.services", "tests.fixtures"]
 
+# The xdist worker this process is ("gw0", "gw1"), or "" when pytest runs alone (`-n 0`).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _throwaway_dir(var: str, prefix: str) -> None:
+    """VAR names a fresh folder of this process's own, unless the user set it.  A worker inherits the
+    controller's environment: a folder the controller made is not the user's, and two workers sharing
+    one would read each other's ledgers and weights."""
+    made = f"_ENVPORT_TEST_MADE_{var}"
+    if var in os.environ and os.environ.get(made) != os.environ[var]:
+        return  # the user's
+    if var in os.environ and not WORKER:
+        return  # this process made it
+    os.environ[var] = os.environ[made] = tempfile.mkdtemp(prefix=f"{prefix}{WORKER + '-' if WORKER else ''}")
+
+
 # Ledgers go to the user's state dir (report/ledger.py); the tests' runs go to a throwaway one,
 # inherited by every `envport` subprocess, so a test run leaves nothing in ~/.local/state.
-os.environ.setdefault("ENVPORT_STATE_DIR", tempfile.mkdtemp(prefix="envport-test-state-"))
+_throwaway_dir("ENVPORT_STATE_DIR", "envport-test-state-")
 # demo-cpu pins a weight: every `envport` run of the tests reads it from one throwaway weights root,
 # fetched once per session by the spec's own source command (the `demo_weights` fixture).
-os.environ.setdefault("ENVPORT_WEIGHTS_DIR", tempfile.mkdtemp(prefix="envport-test-weights-"))
+_throwaway_dir("ENVPORT_WEIGHTS_DIR", "envport-test-weights-")
 
 
 
@@ -52,14 +68,27 @@ def pytest_collection_modifyitems(config, items):
     wrong = []
     for item in items:
         uses = set(getattr(item, "fixturenames", ()))
+        reaches = False
         for marker, fixture in SERVICE_FIXTURES.items():
             if fixture in uses:
                 item.add_marker(marker)
+                reaches = True
             elif item.get_closest_marker(marker) is not None:
                 wrong.append(f"{item.nodeid}: marked {marker} but uses no {fixture} fixture")
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item, reaches)))
     if wrong:
         raise pytest.UsageError("service markers that match no fixture (drop the marker, or reach the "
                                 "service through its fixture):\n  " + "\n  ".join(wrong))
+
+
+def _xdist_group(item, reaches_a_service: bool) -> str:
+    """The group `--dist loadgroup` runs on one worker, in order (tests/README.md "Two workers").
+
+    Every test that reaches a service (docker, slurm, sshd, registry) is in one group: they share one
+    engine and its images, one Slurm, one sshd, and the session's demo image and SIF, which a second
+    worker would build again.  Every other test runs with the rest of its file: a module fixture
+    (gpu-check's prepared tree, podman's user venv) is made once, and a file's tests keep their order."""
+    return "services" if reaches_a_service else item.path.stem
 
 
 @pytest.fixture(scope="session", autouse=True)

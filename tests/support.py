@@ -37,7 +37,10 @@ ENV_NAME = "demo-cpu"
 PY = "%d.%d" % sys.version_info[:2]
 BUILD_TIMEOUT = 900
 
-LOCAL_ENVS_DIR = os.environ.get("ENVPORT_TEST_ENVS_DIR", "/var/tmp/envport-test-envs")
+# One per xdist worker (a suffix "-gw0", "-gw1"): two workers building an env of one name into one folder
+# would take each other's build lock, or replace each other's env between build and verify.
+LOCAL_ENVS_DIR = os.environ.get("ENVPORT_TEST_ENVS_DIR", "/var/tmp/envport-test-envs") + (
+    f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else "")
 # The prefix of the per-session folders the `ssh_venv` fixture makes on the SSH host (mktemp -d PREFIX.XXXXXX).
 SSH_ENVS_DIR = os.environ.get("ENVPORT_TEST_SSH_ENVS_DIR", "/var/tmp/envport-ssh-envs")
 

@@ -22,14 +22,15 @@ def _verify(built: BuiltSif, name: str, *extra: str, env: dict | None = None):
     return run_envport(*args, root=built.root, env=env or sif_env(), timeout=600)
 
 
-def _sif_mounts() -> list[str]:
+def _sif_mounts(under: Path) -> list[str]:
+    """The SIF mounts under UNDER: the run's own TMPDIR, so another test's mount (the other xdist worker's)
+    is never taken for one this run left."""
     with open("/proc/self/mountinfo") as fh:
-        return [ln.split()[4] for ln in fh if "/envport-sif-" in ln.split()[4]]
+        return [ln.split()[4] for ln in fh if ln.split()[4].startswith(f"{under}/envport-sif-")]
 
 
-def test_demo_sif_passes_every_spec_check(demo_sif: BuiltSif):
-    before = _sif_mounts()
-    proc = _verify(demo_sif, "demo-cpu")
+def test_demo_sif_passes_every_spec_check(demo_sif: BuiltSif, tmp_path: Path):
+    proc = _verify(demo_sif, "demo-cpu", env=sif_env(TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, fail_with(proc, "verify demo-cpu --target apptainer")
     step = as_json(proc)["steps"][0]
     outcomes = {c["id"]: c["outcome"] for c in step["data"]["checks"]}
@@ -37,7 +38,8 @@ def test_demo_sif_passes_every_spec_check(demo_sif: BuiltSif):
     kinds = {i.split("[", 1)[0] for i in outcomes}
     assert kinds >= {"pip", "python", "env", "file", "weight", "label"}, kinds
     assert step["data"]["runtime"] == ("apptainer" if shutil.which("apptainer") else "ch-run")
-    assert _sif_mounts() == before, "verify left the SIF mounted"
+    assert _sif_mounts(tmp_path) == [], "verify left the SIF mounted"
+    assert not list(tmp_path.glob("envport-sif-*")), "verify left its mount folder"
 
 
 def test_system_package_installed_by_apt_in_post_is_found(jq_sif: BuiltSif):
