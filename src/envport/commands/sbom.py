@@ -48,25 +48,20 @@ def run(args) -> int:
 
 def _from_sif(path: Path, lock, fmt: str):
     from envport.core.verdict import StepResult, Verdict
-    from envport.engines.sif import SifError, read_sif, sif_labels
-    from envport.engines.sif_run import MountError, mounted
+    from envport.engines.sif import SifError
+    from envport.engines.sif_run import MountError
     from envport.sif import sbom
 
     step = f"sbom {path.name}"
     try:
-        info = read_sif(path)
-        labels = sif_labels(info)
+        text, packages = sbom.sif_sbom(path, sbom.sif_facts(path, lock), fmt)
     except SifError as exc:
         return StepResult(step, Verdict.FAILED, str(exc), reason=exc.reason), None
-    facts = sbom.EnvFacts(labels.get("envport.name", path.stem), labels.get("envport.hash", "unknown"),
-                          "apptainer", lock=lock, created=sbom.timestamp(info.created))
-    try:
-        with mounted(path) as tree:
-            return _written(step, tree, facts, fmt)
     except MountError as exc:
-        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason,
-                          lines=["fix: install squashfuse and fuse3 (apt-get install squashfuse fuse3), or run "
-                                 "as root (a read-only loop mount)"]), None
+        fix = sbom.mount_fix("the partition is no squashfs they can read (their words above): the file is "
+                             "damaged, or not the SIF it claims to be")
+        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, lines=[f"fix: {fix}"]), None
+    return _described(step, packages, fmt), text
 
 
 def _from_name(args):
@@ -145,10 +140,15 @@ def _missing(step: str, detail: str, reason: str, fix: str):
 
 
 def _written(step: str, tree: Path, facts, fmt: str, venv=None):
-    from envport.core.verdict import StepResult, Verdict
     from envport.sif import sbom
 
     text, packages = sbom.make_sbom(tree, facts, sbom.CONTAINER_VENV if venv is None else venv, fmt)
+    return _described(step, packages, fmt), text
+
+
+def _described(step: str, packages, fmt: str):
+    from envport.core.verdict import StepResult, Verdict
+
     debs = sum(p.kind == "deb" for p in packages)
     return StepResult(step, Verdict.OK, f"{debs} Debian packages, {len(packages) - debs} Python distributions "
-                      f"({'SPDX 2.3, validated by spdx-tools' if fmt == 'spdx' else 'CycloneDX 1.6, schema-valid'})"), text
+                      f"({'SPDX 2.3, validated by spdx-tools' if fmt == 'spdx' else 'CycloneDX 1.6, schema-valid'})")

@@ -37,7 +37,8 @@
   `active_trust`) a SIF whose signatures do not verify against `trust.keys` is REFUSED (exit 3) before
   anything is mounted or run. The verifier lives in the sif layer, above this one: sif/trust.py `install`
   (called by the CLI) puts it here; with no verifier installed a required signature is refused, never
-  assumed.
+  assumed.  The one mount it does not ask about is a build's own partial (`mounted(own_build=True)`: the
+  apptainer-binary route reads its SBOM before the file has a name, or a signature, to check).
 """
 
 from __future__ import annotations
@@ -257,13 +258,16 @@ def mount_kind() -> str:
 
 
 @contextlib.contextmanager
-def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None) -> Iterator[Path]:
+def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None, *,
+            own_build: bool = False) -> Iterator[Path]:
     """SIF's primary partition mounted `ro,nosuid,nodev` at `rootfs` in a fresh 0700 directory of this user
     (PREFIX + random, in PARENT or the temp dir) for the duration (`mount_kind`; squashfuse where the kernel's
     mount fails, e.g. no loop device); unmounted and both removed afterwards, whatever happened (MountError
-    when no mount works)."""
+    when no mount works).  OWN_BUILD: SIF is the partial this process's build has just written, under a
+    hidden name, not yet signed (builders/apptainer/binary.py reads its SBOM): the trust gate, which is for
+    SIFs from elsewhere, is not asked (under trust.require_signed it would refuse every build)."""
     sif = Path(sif).absolute()
-    offset = partition_offset(sif)
+    offset = primary_partition(read_sif(sif)).offset if own_build else partition_offset(sif)
     # mkdtemp: created 0700 and ours, atomically (O_EXCL), whoever can write PARENT (/tmp).
     mnt = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)) / ROOTFS
     try:

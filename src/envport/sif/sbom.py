@@ -1,7 +1,9 @@
 """A CycloneDX SBOM of a built env, read from what the env holds, never from its spec.
 
-The content is a directory tree: a SIF's partition mounted read-only, a docker
-image's filesystem exported to a tmp dir, or a venv's prefix.  Two sources,
+The content is a directory tree: a SIF's partition mounted read-only (`sif_sbom`:
+`envport sbom FILE.sif`, and the apptainer-binary build route on the SIF apptainer
+wrote), a docker image's filesystem exported to a tmp dir, or a venv's prefix
+(envport's own .def builder reads its rootfs before it is squashed).  Two sources,
 the ones syft reads too:
 
 - Debian packages: the tree's `var/lib/dpkg/status`, the paragraphs whose
@@ -22,7 +24,8 @@ UUID5 of the env's hash and the components, the timestamp the env's own
 (the SIF header's created time, the image's Created, the venv's pyvenv.cfg
 mtime). `sif_object` and `append_to_sif` give the SIF object apptainer's sif
 library defines for an SBOM (datatype 0x4009, Extra's first int32 the format
-code, 1 = cyclonedx-json).
+code, 1 = cyclonedx-json); `embed_sbom` is how every SIF envport builds gets
+one, by either builder, before it gets its name and before any signature.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 DPKG_STATUS = ("var", "lib", "dpkg", "status")
 CONTAINER_VENV = ("opt", "envport", "venv")
@@ -302,6 +305,55 @@ def make_sbom(tree: Path, facts: EnvFacts, venv: Optional[tuple[str, ...]] = CON
     return text, packages
 
 
+def sif_sbom(path: Path, facts: EnvFacts, fmt: str = "cyclonedx", *,
+             own_build: bool = False) -> tuple[str, list[Package]]:
+    """The SBOM of the SIF at PATH, read from its primary partition mounted read-only, nosuid, nodev
+    (engines/sif_run.mounted; OWN_BUILD: a build's own partial, see there): `envport sbom FILE.sif` and the
+    apptainer-binary build route (builders/apptainer/binary.py) both read a SIF's content through this.
+    SifError when PATH is no usable SIF, MountError when its partition cannot be mounted here (`mount_fix`)."""
+    from envport.engines.sif_run import mounted
+
+    with mounted(path, own_build=own_build) as tree:
+        return make_sbom(tree, facts, CONTAINER_VENV, fmt)
+
+
+def embed_sbom(sif: Path, loaded, site, hash_: str, created: int, say: Callable[[str], None],
+               rootfs: Optional[Path] = None) -> int:
+    """Append the CycloneDX SBOM of the image's content to SIF, still its partial (before the rename: no SIF
+    without one under the final name; before any signature, which then covers it); the number of components.
+    The content: ROOTFS, the tree envport's own builder squashed (builders/apptainer/builder.py), or without
+    one SIF's own partition mounted (`sif_sbom`: the apptainer-binary route, builders/apptainer/binary.py).
+    CREATED: the SBOM's timestamp and the object's time (the SIF header's created time)."""
+    facts = EnvFacts(loaded.spec.name, hash_, "apptainer", lock=lock_fact(loaded, site), created=timestamp(created))
+    text, packages = make_sbom(rootfs, facts) if rootfs is not None else sif_sbom(sif, facts, own_build=True)
+    append_to_sif(sif, text.encode("utf-8"), when=created)
+    say(f"SBOM: {len(packages)} components (CycloneDX, SIF object {SBOM_NAME})")
+    return len(packages)
+
+
+def sif_facts(path: Path, lock: Optional[str] = None) -> EnvFacts:
+    """What the SIF at PATH says it is: its envport.name / envport.hash labels (unsigned claims; its stem and
+    `unknown` without them), LOCK, and the SIF header's created time."""
+    from envport.engines.sif import read_sif, sif_labels
+
+    info = read_sif(path)
+    labels = sif_labels(info)
+    return EnvFacts(labels.get("envport.name", Path(path).stem), labels.get("envport.hash", "unknown"), "apptainer",
+                    lock=lock, created=timestamp(info.created))
+
+
+def mount_fix(unreadable: str) -> str:
+    """The fix for a SIF partition that could not be mounted: the tools to install where squashfuse or
+    fusermount is missing, else UNREADABLE (the tools are there: the partition itself is at fault)."""
+    import shutil
+
+    from envport.engines.sif_run import squashfuse
+
+    if shutil.which(squashfuse()) is None or not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return "install squashfuse and fuse3 (apt-get install squashfuse fuse3), or run as root (a read-only loop mount)"
+    return unreadable
+
+
 def lock_fact(loaded, site) -> Optional[str]:
     """`specs/x.lock sha256:...` when the build used a lock (the site's `lock` and a lock file), else None."""
     from envport.plan.lock import lock_path, sha256_file
@@ -332,9 +384,10 @@ def append_to_sif(path: Path, data: bytes, when: Optional[int] = None) -> None:
     In place: the object goes after the last byte, then its descriptor into the first free slot, then the
     header (free slots, data size, modified time) last, each fsynced, so an interrupted append leaves at
     worst unreferenced bytes at the end. Must run before signing: a signature covers the group's objects.
-    WHEN: the object's and header's modified time (default now; the builder passes the SIF's created time, so
-    the same build gives the same bytes). builders/apptainer/builder.py calls it between write_sif and
-    signing."""
+    WHEN: the object's and header's modified time (default now; the builders pass the SIF's created time, so
+    the same build gives the same bytes). `embed_sbom` calls it for both builders, on the partial: after
+    write_sif's objects (builders/apptainer/builder.py) or `apptainer build` (binary.py), before the rename
+    and before signing."""
     import time
     from envport.engines.sif import (DESCRIPTOR, GROUP_MASK, HEADER, SifError, primary_partition, read_sif)
 

@@ -4,9 +4,16 @@ The recipe is rendered from the site's plan into a temporary build context
 (shim files, CA bundle, wheelhouse); `--from-docker` builds from
 `docker-daemon://envport/<name>:<hash12>` instead.  `--fakeroot` when not
 root; APPTAINER_CACHEDIR / APPTAINER_TMPDIR from the site profile.  The SIF
-is written under a partial name and renamed only when apptainer succeeded.
-Never run on this project's machines (no apptainer can be installed here):
-its tests skip with that reason.
+is written under a partial name and renamed only when apptainer succeeded
+and its SBOM is in: the partial's primary partition is mounted read-only
+(sif/sbom.sif_sbom, what `envport sbom FILE.sif` reads too) and the
+CycloneDX SBOM of that content appended as SIF object 0x4009, as envport's
+own builder does (sif/sbom.embed_sbom); `build --sign` signs after this, so
+the signature covers it.  A partition that cannot be mounted here fails the
+build [sbom_unreadable] and the partial is removed: no SIF without an SBOM.
+No apptainer can be installed on this project's machines: tests/
+test_sif_binary_route.py runs this route with a mock of apptainer's CLI
+that writes a real SIF (siftool, mksquashfs).
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from pathlib import Path
 from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
+from envport.engines.sif import SifError, read_sif
+from envport.engines.sif_run import MountError
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
+from envport.sif.sbom import embed_sbom, mount_fix
 from envport.spec.loader import Loaded
 
 
@@ -71,6 +81,34 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
         partial.unlink(missing_ok=True)
         return [StepResult(step, Verdict.FAILED, "apptainer build failed; no SIF was written",
                            lines=tail(proc.text), seconds=time.monotonic() - start)]
+    try:
+        components = _embed_sbom(loaded, site, resolved.hash, partial, progress)
+    except (SifError, MountError) as exc:
+        partial.unlink(missing_ok=True)
+        return [_unreadable(step, exc, time.monotonic() - start)]
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(sif)
     return [StepResult(step, Verdict.OK, str(sif), seconds=time.monotonic() - start,
-                       data={"sif": str(sif), "route": "apptainer", "size": sif.stat().st_size})]
+                       data={"sif": str(sif), "route": "apptainer", "size": sif.stat().st_size,
+                             "sbom_components": components})]
+
+
+def _embed_sbom(loaded: Loaded, site, hash_: str, partial: Path, progress: Progress) -> int:
+    """The SBOM of what apptainer wrote, read from PARTIAL's own partition, appended to it (sif/sbom.embed_sbom,
+    as envport's own builder does; the SIF header's created time as its timestamp); the number of components."""
+    return embed_sbom(partial, loaded, site, hash_, read_sif(partial).created,
+                      lambda line: progress(f"envport: [apptainer] {line}"))
+
+
+def _unreadable(step: str, exc: Exception, seconds: float) -> StepResult:
+    """FAILED [sbom_unreadable]: the SIF apptainer wrote could not be read for its SBOM (removed: none without)."""
+    if isinstance(exc, MountError):
+        fix = mount_fix("squashfuse and fuse3 are installed, so apptainer wrote a partition they cannot read: "
+                        "check apptainer's own output, then build again")
+    else:
+        fix = "apptainer wrote no usable SIF: check its own output, then build again"
+    return StepResult(step, Verdict.FAILED, f"the SBOM of the SIF apptainer wrote cannot be read ({exc}); every "
+                      "SIF envport builds carries one, so no SIF was written", reason="sbom_unreadable",
+                      lines=[f"fix: {fix}"], seconds=seconds)

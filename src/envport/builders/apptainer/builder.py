@@ -1,7 +1,9 @@
 """`envport build NAME --target apptainer`: the SIF `<name>-<hash12>.sif`, by one of three routes.
 
 1. apptainer (or singularity) on PATH: `apptainer build` of the rendered .def
-   (binary.py), or of `docker-daemon://<image>` with `--from-docker`.
+   (binary.py), or of `docker-daemon://<image>` with `--from-docker`; the
+   SBOM is read from the partition apptainer wrote (mounted) and appended
+   before the rename (sif/sbom.embed_sbom).
 2. otherwise envport's own .def builder, which EXECUTES the rendered .def:
    the base rootfs as its `Bootstrap:` asks (bootstrap.py), `/.singularity.d`
    laid down (singularity_d.prepare_rootfs), `%files` copied and `%post` run
@@ -11,7 +13,8 @@
    choose another compressor), and the SIF assembled (engines/sif.write_sif):
    Def.FILE, JSON.Generic `inspect-metadata.json` read back from the finished
    tree, JSON.Generic `envport-spec.json` (the resolved spec, so `envport
-   inspect` can diff it), and the primary squashfs partition.
+   inspect` can diff it), the primary squashfs partition, and the SBOM object
+   (sif/sbom.embed_sbom, of the rootfs, before the SIF gets its name).
 3. `--from-docker` without apptainer: the same SIF layout from the built docker
    image's rootfs (no %post: the image is already built).
 
@@ -52,6 +55,7 @@ from envport.engines.sif import SifError, host_arch, read_json_object, read_sif,
 from envport.plan.site import Site
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
+from envport.sif.sbom import embed_sbom
 from envport.spec.loader import Loaded
 
 TARGET = "apptainer"
@@ -392,7 +396,8 @@ class SifBuild:
                          squashfs_path=squashfs, created=self.created,
                          uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
                          arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),),
-                         finish=lambda partial: sbom_count.append(self._embed_sbom(partial, rootfs)))
+                         finish=lambda partial: sbom_count.append(embed_sbom(
+                             partial, self.loaded, self.site, hash_, self.created, self.say, rootfs)))
         packages = sbom_count[0]
         sif_record.write(str(self.sif), hash_, digest, sif_content.layout(info))
         self.timings["assemble"] = time.monotonic() - t
@@ -401,17 +406,6 @@ class SifBuild:
                                 "compression": comp, "base": base.source, "partition_sha256": digest,
                                 "setid_cleared": cleared, "devices_removed": removed, "sbom_components": packages,
                                 "ignored_labels": list(finished.ignored_labels)})
-
-    def _embed_sbom(self, sif: Path, rootfs: Path) -> int:
-        """Append the CycloneDX SBOM of ROOTFS (what the partition holds) to SIF; the number of components."""
-        from envport.sif import sbom
-
-        facts = sbom.EnvFacts(self.loaded.spec.name, self.resolved.hash, "apptainer",
-                              lock=sbom.lock_fact(self.loaded, self.site), created=sbom.timestamp(self.created))
-        text, packages = sbom.make_sbom(rootfs, facts)
-        sbom.append_to_sif(sif, text.encode("utf-8"), when=self.created)
-        self.say(f"SBOM: {len(packages)} components (CycloneDX, SIF object {sbom.SBOM_NAME})")
-        return len(packages)
 
     def _spec_json(self, base: boot.Base, digest: str, size: int) -> bytes:
         # The partition's sha256 lets `inspect` tell a damaged copy from its build (a forger can rewrite it
