@@ -63,18 +63,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path, help="write the numbers here too")
     args = ap.parse_args()
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    sys.path.insert(0, str(REPO))
+    from tests.test_sif_sign import new_key
 
     with tempfile.TemporaryDirectory(prefix="bench-sign-", dir="/var/tmp") as tmp:
         work = Path(tmp)
         sif = args.sif or build_sif(args.spec, work)
-        key = ed25519.Ed25519PrivateKey.generate()
-        priv, pub = work / "key.pem", work / "pub.pem"
-        priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-        pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+        priv, pub = new_key(work, "ed25519")
         copy = work / "signed.sif"
         envport = [sys.executable, "-m", "envport"]
         times: dict[str, list[float]] = {"sha256sum": [], "sign": [], "verify-sig": []}

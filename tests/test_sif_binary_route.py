@@ -17,8 +17,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from envport.engines.sif import read_object, read_sif
 from envport.plan.site import load_site
@@ -31,24 +29,12 @@ from envport.sif.verify import check_signatures
 from envport.spec.loader import load_spec
 
 from .support import as_json, cli_env, fail_with, missing, run_envport, write_site, write_spec
+from .test_sbom import STATUS
+from .test_sif_sign import new_key
 
 TOOLS = {"mksquashfs": "squashfs-tools", "siftool": "siftool", "squashfuse": "squashfuse", "fusermount3": "fuse3"}
 DISTS = {"six": "1.16.0", "packaging": "24.1"}
-STATUS = """Package: adduser
-Status: install ok installed
-Architecture: all
-Version: 3.134
-
-Package: gone
-Status: deinstall ok config-files
-Architecture: amd64
-Version: 1.0
-
-Package: libc6
-Status: install ok installed
-Architecture: amd64
-Version: 2.36-9+deb12u4
-"""
+# STATUS: test_sbom's dpkg status (adduser and libc6 installed, `gone` deinstalled), written once.
 # The mock: only `build --force [--fakeroot] OUT SOURCE`; FAKE_ROOTFS is squashed into OUT's primary
 # partition, or with FAKE_PARTITION=garbage bytes that are no squashfs are. Its argv goes to FAKE_LOG.
 FAKE_APPTAINER = r"""#!/bin/sh
@@ -115,16 +101,6 @@ def fake(project: Path, tmp_path: Path):
                   FAKE_LOG=str(tmp_path / "apptainer.log"), TMPDIR=str(_mkdir(tmp_path / "tmp")))
     env.pop("ENVPORT_SIF_BUILDER", None)
     return env
-
-
-def _key(tmp_path: Path) -> tuple[Path, Path]:
-    key = ed25519.Ed25519PrivateKey.generate()
-    priv, pub = tmp_path / "key.pem", tmp_path / "key.pub.pem"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
-    return priv, pub
 
 
 def _mkdir(path: Path) -> Path:
@@ -207,7 +183,7 @@ def test_build_sign_signs_after_the_sbom_under_a_site_that_requires_signatures(p
                                                                               tmp_path: Path):
     """A site with trust.require_signed: the partial (this build's own, unsigned yet) is still read for its
     SBOM, and `--sign` signs afterwards, so the signature covers the SBOM object."""
-    priv, pub = _key(tmp_path)
+    priv, pub = new_key(tmp_path, "ed25519")
     write_site(project, "plain", wheelhouse=False, trust={"keys": [str(pub)], "require_signed": True})
     proc = _build(project, fake, "--sign", str(priv))
     assert proc.returncode == 0, fail_with(proc, "build --sign with the fake apptainer")
