@@ -40,6 +40,7 @@ DISTS = {"six": "1.16.0", "packaging": "24.1"}
 FAKE_APPTAINER = r"""#!/bin/sh
 set -eu
 echo "$*" >> "$FAKE_LOG"
+[ -z "${FAKE_CONTEXT_LOG-}" ] || find . | sort > "$FAKE_CONTEXT_LOG"   # the build context it was given
 [ "$1" = build ] && [ "$2" = --force ] || { echo "fake apptainer: only 'build --force' is mocked" >&2; exit 2; }
 shift 2
 [ "$1" != --fakeroot ] || shift
@@ -108,8 +109,8 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _build(project: Path, env: dict, *extra: str):
-    return run_envport("build", "tiny-bin", "--target", "apptainer", "--site", "plain", "--json", *extra,
+def _build(project: Path, env: dict, *extra: str, site: str = "plain"):
+    return run_envport("build", "tiny-bin", "--target", "apptainer", "--site", site, "--json", *extra,
                        root=project, env=env, timeout=300)
 
 
@@ -147,6 +148,26 @@ def test_the_binary_route_embeds_the_sbom_of_what_apptainer_wrote(project: Path,
     again = run_envport("sbom", str(sif), root=project, env=fake, timeout=120)
     assert again.returncode == 0, fail_with(again, "envport sbom FILE.sif")
     assert {c["purl"] for c in json.loads(again.stdout)["components"]} == _expected_purls()
+
+
+def test_a_site_with_a_wheelhouse_has_it_made_before_apptainer_is_given_it(project: Path, fake: dict,
+                                                                            tmp_path: Path):
+    """`wheelhouse: true` and no wheelhouse yet: the route makes it (real pip downloads) and hands it to
+    apptainer in the build context, as envport's own builder does; it never copies a folder that is not there."""
+    from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME
+
+    write_site(project, "wheels", wheelhouse=True)
+    assert not load_site("wheels", project).wheelhouse_path(project, "tiny-bin").exists()
+    proc = _build(project, {**fake, "FAKE_CONTEXT_LOG": str(tmp_path / "context.log")}, site="wheels")
+    assert proc.returncode == 0, fail_with(proc, "build with a wheelhouse site")
+    steps = as_json(proc)["steps"]
+    assert [s["step"] for s in steps][-2:][0] == "wheelhouse" and steps[-2]["verdict"] == "OK", steps
+    assert steps[-1]["verdict"] == "OK" and steps[-1]["data"]["route"] == "apptainer", steps[-1]
+    context = (tmp_path / "context.log").read_text().splitlines()
+    assert any(line.startswith(f"./{WHEELHOUSE_CONTEXT_NAME}/six-1.16.0-") and line.endswith(".whl")
+               for line in context), context
+    again = _build(project, fake, "--rebuild", site="wheels")  # made once: the next build finds it
+    assert again.returncode == 0 and as_json(again)["steps"][-2]["verdict"] == "present", fail_with(again, "again")
 
 
 def test_a_partition_that_cannot_be_read_fails_the_build_and_leaves_no_sif(project: Path, fake: dict):

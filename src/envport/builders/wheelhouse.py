@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from envport.spec.loader import Loaded
 from envport.plan.steps import PipStep, make_plan
@@ -91,6 +92,14 @@ def mismatches(dest: Path, steps: list[PipStep], manifest: dict) -> list[str]:
 
 def missing_files(dest: Path, steps: list[PipStep]) -> list[str]:
     return sorted({d.file for s in steps for d in s.locked if not (dest / d.file).is_file()})
+
+
+def wheelhouse_for(loaded: Loaded, site, root: Path, plan, progress: Progress) -> Optional[StepResult]:
+    """`ensure_wheelhouse`'s step when PLAN installs from the wheelhouse (the site's `wheelhouse: true`), else
+    None: a builder that copies the wheelhouse into its context has it made first, never a missing folder."""
+    if not any(s.kind == "pip" and s.uses_wheelhouse for s in plan.steps):
+        return None
+    return ensure_wheelhouse(loaded, site, root, progress)
 
 
 def ensure_wheelhouse(loaded: Loaded, site, root: Path, progress: Progress, refresh: bool = False) -> StepResult:

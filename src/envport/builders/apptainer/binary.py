@@ -32,6 +32,7 @@ from envport.engines.sif_run import MountError
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
 from envport.sif.sbom import embed_sbom, mount_fix
+from envport.builders.wheelhouse import wheelhouse_for
 from envport.spec.loader import Loaded
 
 
@@ -51,6 +52,10 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
         env["APPTAINER_CACHEDIR"] = site.apptainer.cachedir
     if site.apptainer.tmpdir:
         env["APPTAINER_TMPDIR"] = site.apptainer.tmpdir
+    made = None if from_docker else wheelhouse_for(loaded, site, root, plan, progress)
+    if made is not None and not made.verdict.ok:
+        return [made]
+    done = [made] if made is not None else []
     sif.parent.mkdir(parents=True, exist_ok=True)
     partial = sif.parent / f".{sif.name}.partial-{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="envport-apptainer-") as ctx:
@@ -70,7 +75,7 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
 
                 failed = stage_uv(Path(ctx), root, progress)
                 if failed is not None:
-                    return [failed]
+                    return done + [failed]
             source = f"{loaded.spec.name}.def"
         argv = [binary, "build", "--force"] + ([] if os.geteuid() == 0 else ["--fakeroot"]) + \
             [str(partial), source]
@@ -79,20 +84,20 @@ def build(loaded: Loaded, site, root: Path, sif: Path, *, from_docker: bool = Fa
         proc = run(argv, cwd=ctx, env=env, timeout=None)
     if not proc.ok:
         partial.unlink(missing_ok=True)
-        return [StepResult(step, Verdict.FAILED, "apptainer build failed; no SIF was written",
-                           lines=tail(proc.text), seconds=time.monotonic() - start)]
+        return done + [StepResult(step, Verdict.FAILED, "apptainer build failed; no SIF was written",
+                                  lines=tail(proc.text), seconds=time.monotonic() - start)]
     try:
         components = _embed_sbom(loaded, site, resolved.hash, partial, progress)
     except (SifError, MountError) as exc:
         partial.unlink(missing_ok=True)
-        return [_unreadable(step, exc, time.monotonic() - start)]
+        return done + [_unreadable(step, exc, time.monotonic() - start)]
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     partial.replace(sif)
-    return [StepResult(step, Verdict.OK, str(sif), seconds=time.monotonic() - start,
-                       data={"sif": str(sif), "route": "apptainer", "size": sif.stat().st_size,
-                             "sbom_components": components})]
+    return done + [StepResult(step, Verdict.OK, str(sif), seconds=time.monotonic() - start,
+                              data={"sif": str(sif), "route": "apptainer", "size": sif.stat().st_size,
+                                    "sbom_components": components})]
 
 
 def _embed_sbom(loaded: Loaded, site, hash_: str, partial: Path, progress: Progress) -> int:

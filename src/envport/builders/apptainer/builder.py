@@ -176,12 +176,14 @@ class SifBuild:
                 return [StepResult(self.step, Verdict.FAILED, f"the rendered .def does not parse: {exc}")]
             except boot.BootstrapRefused as exc:
                 return [StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)]
-        if not from_docker and any(s.kind == "pip" and s.uses_wheelhouse for s in self.resolved.plan.steps):
-            from envport.builders.wheelhouse import ensure_wheelhouse
+        if not from_docker:
+            from envport.builders.wheelhouse import wheelhouse_for
 
-            results.append(ensure_wheelhouse(self.loaded, self.site, self.root, self.progress))
-            if not results[-1].verdict.ok:
-                return results
+            made = wheelhouse_for(self.loaded, self.site, self.root, self.resolved.plan, self.progress)
+            if made is not None:
+                results.append(made)
+                if not made.verdict.ok:
+                    return results
         if not from_docker and any(s.kind == "pip" and s.installer == "uv" for s in self.resolved.plan.steps):
             from envport.builders.tools import ensure_uv
 
