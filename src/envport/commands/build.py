@@ -97,11 +97,10 @@ def run(args) -> int:
         # The ledger says the build was stopped, not that it broke (issue 27 row 10); the CLI exits 130.
         _record_interrupted(root, loaded, args, identity, site, lock_fact)
         raise
-    dists = None  # the {name: version} the ledger keeps for this build, where known
-    if not refused:
-        from envport.flow.build_changes import what_changed
+    from envport.flow.build_changes import what_changed
 
-        dists = what_changed(target, root, loaded, site, identity, lock_fact, results[-1])
+    # The {name: version} the ledger keeps for this build, where known.
+    dists = None if refused else what_changed(target, root, loaded, site, identity, lock_fact, results[-1])
     if args.sign and results[-1].verdict.ok and results[-1].data.get("sif"):
         from pathlib import Path
 

@@ -167,7 +167,8 @@ def scan(name: str, site, root: Path, targets: list[Target], cache: dict,
 def _cannot(exc: Unsupported | Unavailable, step: str, verdict: Verdict, whole: bool) -> StepResult:
     """A target that cannot list its builds: WHOLE says `--target T has no gc: …`, else the reason alone."""
     if isinstance(exc, Unsupported):
-        return StepResult(step, verdict, str(exc) if whole else exc.reason, reason=UNSUPPORTED_REASON)
+        return exc.result(step, verdict) if whole else StepResult(step, verdict, exc.reason,
+                                                                  reason=UNSUPPORTED_REASON)
     return StepResult(step, verdict, exc.result.detail, reason=exc.result.reason)
 
 

@@ -42,6 +42,3 @@ def outcome(code: int, results: list[dict], output: str) -> tuple[Verdict, list[
     if bad or code != 0:
         return Verdict.FAILED, [f"{r['id']}: {r['message']}" for r in bad] or tail, summary(results)
     return Verdict.OK, [], summary(results)
-
-
-

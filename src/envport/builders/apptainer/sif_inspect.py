@@ -286,5 +286,3 @@ def embedded_site(report: SifReport) -> Optional[str]:
     embedded = report.facts.get("embedded")
     site = embedded.get("site") if isinstance(embedded, dict) else None
     return site if isinstance(site, str) and SITE_NAME.match(site) else None
-
-
