@@ -106,11 +106,12 @@ def test_a_registry_that_is_down_is_refused_naming_the_address(small_project, tm
 
 class StallingRelay:
     """A TCP relay to the registry that passes the first LIMIT bytes of its answers, then holds the
-    connection open and passes nothing more (a registry or network that stalls mid-layer)."""
+    connection open and passes nothing more (a registry or network that stalls mid-layer). `uploaded`:
+    the bytes the client sent through it."""
 
     def __init__(self, target: str, limit: int):
         host, port = target.rsplit(":", 1)
-        self.target, self.limit, self.sent = (host, int(port)), limit, 0
+        self.target, self.limit, self.sent, self.uploaded = (host, int(port)), limit, 0, 0
         self.stalled = threading.Event()
         self.server = socket.create_server(("127.0.0.1", 0))
         self.host = f"127.0.0.1:{self.server.getsockname()[1]}"
@@ -138,6 +139,8 @@ class StallingRelay:
                         continue  # read and drop: the client waits forever for these bytes
                     data = data[:room]
                     self.sent += len(data)
+                else:
+                    self.uploaded += len(data)
                 dst.sendall(data)
         except OSError:
             pass
@@ -188,6 +191,25 @@ def test_an_interrupted_pull_leaves_nothing_under_the_final_name(registry, small
     assert proc.returncode == 0, fail_with(proc, "pull after the interrupted one")
     assert sorted(p.name for p in out.iterdir()) == [final.name]
     assert final.read_bytes() == small_sif.path.read_bytes()
+
+
+def test_push_says_its_progress_and_does_not_send_a_layer_the_repository_has(registry, small_sif):
+    repo = f"envport/{unique('again')}"
+    proc = run_envport("push", SMALL, "--site", SITE, "--to", registry.url(repo), root=small_sif.root, timeout=600)
+    assert proc.returncode == 0, fail_with(proc, "envport push")
+    mib = small_sif.path.stat().st_size >> 20
+    said = [line for line in proc.stderr.splitlines() if line.startswith(f"push {small_sif.path.name}: ")]
+    assert len(said) >= 5 and said[-1].endswith(f"{mib} of {mib} MiB"), proc.stderr
+    relay = StallingRelay(registry.host, limit=1 << 40)  # passes everything; counts what push sends
+    try:
+        proc = run_envport("push", SMALL, "--site", SITE, "--to", f"oras://{relay.host}/{repo}:again",
+                           root=small_sif.root, timeout=600)
+    finally:
+        relay.close()
+    assert proc.returncode == 0, fail_with(proc, "the second push")
+    assert 0 < relay.uploaded < 1 << 20, f"{relay.uploaded} bytes sent for a {mib} MiB layer the registry has"
+    status, _, body = registry.get(f"/v2/{repo}/tags/list")
+    assert status == 200 and "again" in json.loads(body)["tags"], body
 
 
 def test_a_tampered_layer_is_refused_and_leaves_nothing(registry, small_sif, tmp_path):

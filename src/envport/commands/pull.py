@@ -65,7 +65,7 @@ def trust_checks(site, key_files: list[str]):
 def run(args) -> int:
     from envport.commands._common import project_root
     from envport.core.errors import EnvportError
-    from envport.core.progress import stderr_progress
+    from envport.core.progress import transfer_progress
     from envport.core.verdict import StepResult, Verdict, report
     from envport.engines import registry
     from envport.plan.site import load_site
@@ -85,15 +85,9 @@ def run(args) -> int:
     check, found = trust_checks(site, args.key)
     step = f"pull {ref}"
     start = time.monotonic()
-    shown = [0]
-
-    def progress(done: int, total: int) -> None:
-        if total and done * 10 // total > shown[0]:
-            shown[0] = done * 10 // total
-            stderr_progress(f"pull {ref}: {done >> 20} of {total >> 20} MiB")
-
     try:
-        out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, check=check, progress=progress)
+        out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, check=check,
+                                progress=transfer_progress(f"pull {ref}"))
     except registry.RegistryError as exc:
         verdict = Verdict.FAILED if exc.reason in BROKEN else Verdict.REFUSED
         return report([StepResult(step, verdict, str(exc), reason=exc.reason, seconds=time.monotonic() - start)],

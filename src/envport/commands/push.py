@@ -62,6 +62,7 @@ def run(args) -> int:
 
 
 def _push_sif(sif: Path, ref, tags: list[str], ca, name: str):
+    from envport.core.progress import transfer_progress
     from envport.core.verdict import StepResult, Verdict
     from envport.engines import registry
 
@@ -71,7 +72,7 @@ def _push_sif(sif: Path, ref, tags: list[str], ca, name: str):
                           lines=[f"fix: envport build {name} --target apptainer"])
     start = time.monotonic()
     try:
-        out = registry.push_sif(sif, ref, tags, ca=ca)
+        out = registry.push_sif(sif, ref, tags, ca=ca, progress=transfer_progress(f"push {sif.name}"))
     except registry.RegistryError as exc:
         return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, seconds=time.monotonic() - start)
     return StepResult(step, Verdict.OK, f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)}",

@@ -25,3 +25,16 @@ def human_size(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f} GB"
     return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def transfer_progress(label: str, say: Progress = stderr_progress) -> Callable[[int, int], None]:
+    """A (done, total) bytes callback that says `LABEL: D of T MiB` at each tenth of TOTAL."""
+    shown = [0]
+
+    def progress(done: int, total: int) -> None:
+        if total and done * 10 // total > shown[0]:
+            shown[0] = done * 10 // total
+            say(f"{label}: {done >> 20} of {total >> 20} MiB")
+
+    return progress
+
