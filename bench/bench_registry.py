@@ -15,12 +15,13 @@ docker-registry itself sets: what is over it is envport's and oras's own cost.  
 starts after `sync` (no write-back of the one before in it); the pull is the run's last, not in the
 seconds after its push.
 
-Measured here (2 cores, a 267 MiB demo-cpu SIF, median of 5): pull 1.39x the plain GET (1.07x the TLS
-copy, 1.31x curl from the registry): its TLS reads, sha256 and O_DIRECT writes run on three threads
-(engines/blob_writer). Push 2.72x the plain PUT, and 0.98x curl's PUT of the same blob straight to
-docker-registry with the digest handed to it: the registry's own ingest (about one CPU-second for these
-bytes: its TLS, its sha256, its fsyncs) is the floor, 2.6-2.9x the plain PUT by itself, so no client
-can push within 1.5x of a server that only stores the bytes. Importing oras (jsonschema and the
+Measured here (2 cores, a 267 MiB demo-cpu SIF; three runs of this benchmark, 5, 5 and 9 runs): pull
+1.39x, 1.48x, 1.47x the plain GET (1.0-1.1x the TLS copy, 1.3-1.4x curl from the registry): its TLS
+reads, sha256 and O_DIRECT writes run on three threads (engines/blob_writer). Push 2.72x, 2.82x, 1.87x
+the plain PUT, and 0.91-0.99x curl's PUT of the same blob straight to docker-registry with the digest
+handed to it: the registry's own ingest (about one CPU-second for these bytes: its TLS, its sha256, its
+fsyncs) is the floor, 1.6-3x the plain PUT by itself, so no client can push within 1.5x of a server
+that only stores the bytes. Importing oras (jsonschema and the
 RFC 3987 grammar it compiles) is timed once, apart, before the runs: every `envport push`/`pull`
 process pays it. Needs the test registry
 (.ci/services/registry.sh). Without --sif: demo-cpu's SIF under .cache/sif when there is one, else a
