@@ -212,6 +212,31 @@ def test_push_says_its_progress_and_does_not_send_a_layer_the_repository_has(reg
     assert status == 200 and "again" in json.loads(body)["tags"], body
 
 
+def _peak_rss_mib(*args: str, root: Path) -> int:
+    """`envport ARGS` run under a fresh python parent, so that RUSAGE_CHILDREN is that one process's peak."""
+    probe = ("import resource, subprocess, sys; "
+             "rc = subprocess.run([sys.executable, '-m', 'envport', *sys.argv[1:]]).returncode; "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", probe, "-C", str(root), *args], capture_output=True, text=True,
+                          timeout=600, cwd=root)
+    assert proc.returncode == 0, fail_with(proc, f"envport {' '.join(args)}")
+    return int(proc.stdout.split()[-1])
+
+
+def test_push_streams_the_layer_instead_of_holding_it_in_memory(registry, small_sif, tmp_path):
+    """The push of a ~100 MB SIF peaks within a few blocks of the push of a 1-byte file (oras's own upload
+    read the whole layer into memory: +100 MB)."""
+    tiny = tmp_path / "tiny.sif"
+    tiny.write_bytes(b"x")  # push sends the file as it is; only pull checks that a layer is a SIF
+    base = _peak_rss_mib("push", SMALL, "--site", SITE, "--sif", str(tiny), "--to",
+                         registry.url(f"envport/{unique('rss')}"), root=small_sif.root)
+    peak = _peak_rss_mib("push", SMALL, "--site", SITE, "--to", registry.url(f"envport/{unique('rss')}"),
+                         root=small_sif.root)
+    size_mib = small_sif.path.stat().st_size >> 20
+    assert size_mib >= 64, size_mib
+    assert peak - base < 24, f"push of a {size_mib} MiB layer peaked at {peak} MiB, {peak - base} over a 1-byte push"
+
+
 def test_a_tampered_layer_is_refused_and_leaves_nothing(registry, small_sif, tmp_path):
     """A registry answering other bytes than its manifest's digest (here: a manifest pushed by hand over the
     HTTP API naming another blob's digest with this layer's size) is FAILED digest_mismatch, no file."""
