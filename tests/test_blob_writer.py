@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from envport.engines.blob_writer import O_DIRECT, BlobWriter, open_new
+from envport.engines.blob_writer import LOCAL_FS, O_DIRECT, BlobWriter, fs_type, open_new
 
 pytestmark = pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform")
 
@@ -30,7 +30,7 @@ def test_every_byte_lands_and_the_digest_is_the_files(tmp_path, size):
     path, data = tmp_path / "blob", _data(size)
     fd = open_new(path)
     try:
-        assert _direct(fd), "ext4/tmpfs here take O_DIRECT: the fast path is the one under test"
+        assert _direct(fd), f"tmp_path is on {fs_type(tmp_path)}: the O_DIRECT path is the one under test"
         with BlobWriter(fd, block=65536, buffers=3) as sink:
             for at in range(0, size, 10_000):  # writes that straddle blocks, as network chunks do
                 sink.write(data[at:at + 10_000])
@@ -81,3 +81,35 @@ def test_the_partial_must_be_new(tmp_path):
     (tmp_path / "blob").write_bytes(b"x")
     with pytest.raises(FileExistsError):
         open_new(tmp_path / "blob")
+
+
+def test_o_direct_only_on_a_local_block_file_system(tmp_path):
+    """The choice reads this process's real mount table: tmp_path is on a local disk here (ext4), /dev/shm
+    is tmpfs, /proc is proc."""
+    assert fs_type(tmp_path) in LOCAL_FS, fs_type(tmp_path)
+    assert fs_type("/proc/self") == "proc"
+    shm = "/dev/shm"
+    if fs_type(shm) == "tmpfs":
+        fd = open_new(os.path.join(shm, f"envport-test-{os.getpid()}"))
+        try:
+            assert not _direct(fd), "tmpfs is memory: buffered writes"
+        finally:
+            os.close(fd)
+            os.unlink(os.path.join(shm, f"envport-test-{os.getpid()}"))
+
+
+def test_the_mount_table_is_read_as_the_kernel_writes_it(tmp_path):
+    """Longest mount point wins; octal escapes (a space is \\040) are decoded; a network mount is no local
+    file system; an unreadable table is "" (buffered writes)."""
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        "40 22 0:40 / /shared rw,relatime shared:20 - nfs4 fs:/export rw,vers=4.2\n"
+        "41 40 0:41 / /shared/my\\040sifs rw,relatime shared:21 - lustre 10.0.0.1@tcp:/fs rw\n"
+        "42 22 0:42 / /scratch rw - xfs /dev/nvme0n1 rw\n")
+    assert fs_type("/", str(table)) == "ext4"
+    assert fs_type("/shared/sifs", str(table)) == "nfs4"
+    assert fs_type("/shared/my sifs/a.sif", str(table)) == "lustre"
+    assert fs_type("/scratch/x", str(table)) == "xfs" and fs_type("/scratchy", str(table)) == "ext4"
+    assert {"nfs4", "lustre"}.isdisjoint(LOCAL_FS)
+    assert fs_type("/", str(tmp_path / "absent")) == ""
