@@ -37,4 +37,3 @@ def transfer_progress(label: str, say: Progress = stderr_progress) -> Callable[[
             say(f"{label}: {done >> 20} of {total >> 20} MiB")
 
     return progress
-

@@ -24,8 +24,9 @@ import hashlib
 import mmap
 import os
 import queue
-import re
 import threading
+
+from envport.core.mounts import MOUNTINFO, inside, mounts
 
 BLOCK = 4 << 20  # a multiple of every logical block size O_DIRECT asks alignment to
 BUFFERS = 8
@@ -33,28 +34,20 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs"})
-MOUNTINFO = "/proc/self/mountinfo"
 
 
 def fs_type(path: os.PathLike, mountinfo: str = MOUNTINFO) -> str:
     """The type of the file system PATH is on (the mount with the longest matching mount point); "" when
     the mount table cannot be read."""
     real = os.path.realpath(path)
-    best, kind = "", ""
     try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
+        table = mounts(mountinfo)
     except OSError:
         return ""
-    for line in lines:
-        fields, sep, rest = line.partition(" - ")
-        parts = fields.split()
-        if not sep or len(parts) < 5:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, (rest.split() or [""])[0]
+    best, kind = "", ""
+    for mount in table:
+        if inside(real, mount.point) and len(mount.point) >= len(best):
+            best, kind = mount.point, mount.fs_type
     return kind
 
 

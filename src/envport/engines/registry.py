@@ -239,7 +239,7 @@ def push_sif(sif: Path, ref: Ref, tags: list[str], *, ca: Optional[str] = None, 
                 "annotations": {CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
     container = client.container(first)
     with client.errors(first, "pushing"):
-        client.put_blob(container, config, lambda: contextlib.nullcontext(io.BytesIO(SIF_CONFIG)))
+        client.put_blob(container, config, lambda: io.BytesIO(SIF_CONFIG))
         client.put_blob(container, layer, lambda: open(sif, "rb"), progress)
         response = client.registry.upload_manifest(manifest, container)
         response.raise_for_status()

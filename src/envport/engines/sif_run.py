@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from envport.core.errors import EnvportError, ReasonError
+from envport.core.mounts import mounts
 from envport.core.proc import run, spawn
 from envport.engines.sif import primary_partition, read_sif
 from envport.plan.site import active_trust
@@ -229,12 +229,7 @@ class MountError(ReasonError):
 def is_mounted(path: Path) -> bool:
     """PATH is a mount point in this mount namespace (also a FUSE mount whose server died, unlike ismount)."""
     target = str(Path(path).absolute())
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            # The kernel writes space, tab, newline and backslash as octal escapes (\040 for a space).
-            if re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) == target:
-                return True
-    return False
+    return any(m.point == target for m in mounts())
 
 
 def unmount(mountpoint: Path) -> None:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from .deffile import DefFile, FileCopy, PostStep, match_step
 from envport.core.errors import ReasonError
+from envport.core.mounts import inside, mounts
 from envport.core.proc import run, spawn
 
 TAIL_LINES = 40
@@ -260,29 +261,10 @@ def _supervise(proc: subprocess.Popen, timeout_s: float | None, expired: list, p
 # --- cleanup -----------------------------------------------------------------
 
 
-def _unescape_mount(field: str) -> str:
-    """/proc/self/mountinfo escapes space, tab, newline and backslash as \\ooo."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit() and len(field[i + 1:i + 4]) == 3:
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mounts_under(path: str | os.PathLike) -> list[str]:
     """Mount points at or below PATH in this process's mount namespace."""
     base = os.path.realpath(path)
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            point = _unescape_mount(line.split(" ")[4])
-            if point == base or point.startswith(base.rstrip("/") + "/"):
-                found.append(point)
-    return found
+    return [m.point for m in mounts() if inside(m.point, base)]
 
 
 def remove_rootfs(path: str | os.PathLike) -> None:
