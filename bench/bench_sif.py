@@ -100,9 +100,9 @@ def bench_build(spec: str, root: Path) -> dict:
     own = last["seconds"] - timings["bootstrap"] - timings["post"] - timings["mksquashfs"]
     shm = Path("/dev/shm") if shutil.disk_usage("/dev/shm").free > 8 << 30 else root
     rootfs = Path(tempfile.mkdtemp(prefix="envport-bench-rootfs-", dir=shm)) / "r"
-    from envport.engines.sif_run import partition_offset
+    from envport.sif.gate import gate
 
-    subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-o", str(partition_offset(sif)), "-d", str(rootfs),
+    subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-o", str(gate(sif).partition.offset), "-d", str(rootfs),
                     str(sif)], check=True, capture_output=True)
     try:
         gzip_s, gzip_mib = squash(rootfs, root / "g.sqfs", "gzip")
@@ -156,7 +156,7 @@ def bench_witness(spec: str, root: Path, repeat: int, sif: str | None = None, im
     """(c): `envport witness` in the SIF and in docker, alternating; medians and their ratio. As root the
     SIF runs twice a round: on the kernel's loop mount (the default there) and on squashfuse (the
     unprivileged route, ENVPORT_SIF_MOUNT=squashfuse): "witness" and "witness_squashfuse"."""
-    from envport.engines import sif_run
+    from envport.sif import run as sif_run
 
     sif = sif or built(spec, "apptainer", root)[1]["data"]["sif"]
     image = image or built(spec, "docker", root)[1]["data"]["image"]

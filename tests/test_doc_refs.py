@@ -27,7 +27,10 @@ PLACEHOLDER = re.compile(r"[<>*{}$%|\[\]]|\.\.\.|\bNAME\b|\bFILE\b|\bN\b|\b[xX]\
 
 
 def _roots() -> set[str]:
-    names = {p.name for p in REPO.iterdir() if not p.name.startswith((".git", ".venv", ".cache", ".pytest"))}
+    # reports/ is what runs write (CI's junit, matrix's reports; ignored, never committed): a doc naming
+    # reports/junit.xml names an output, and whether the folder exists yet depends on which test ran first.
+    names = {p.name for p in REPO.iterdir()
+             if not p.name.startswith((".git", ".venv", ".cache", ".pytest", "reports"))}
     return names | {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_")}
 
 

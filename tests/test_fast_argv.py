@@ -74,18 +74,18 @@ def test_the_json_answer_is_the_verdict_modules_json(demo_image, capsys):
     assert capsys.readouterr().out == want.getvalue()
 
 
-# --- apptainer: the SIF at its identity path, read without engines/sif.py -----------------------------------
+# --- apptainer: the SIF at its identity path, read without sif/format.py -----------------------------------
 
 
 @pytest.fixture
 def present_sif(tmp_path):
     """A project whose demo-cpu SIF exists at its identity path with its hash in the labels, and which the full
     path has already answered once (so the identity is remembered). The partition is a stub: `present` takes
-    the file on this machine's build record alone (builders/apptainer/sif_record.py, written here as the
+    the file on this machine's build record alone (sif/record.py, written here as the
     builder writes it), never reading the squashfs."""
     from envport.builders.apptainer.builder import sif_path
     from envport.builders.apptainer.singularity_d import inspect_metadata
-    from envport.engines.sif import write_sif
+    from envport.sif.format import write_sif
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.spec.loader import load_spec
@@ -101,8 +101,9 @@ def present_sif(tmp_path):
     write_sif(sif, deffile=b"Bootstrap: docker\n", squashfs_path=squashfs, created=0, uuid=bytes(16),
               inspect_metadata=inspect_metadata(deffile="Bootstrap: docker", environment={},
                                                 labels={"envport.hash": resolved.hash, "envport.name": "demo-cpu"}))
-    from envport.builders.apptainer import sif_content, sif_record
-    from envport.engines.sif import read_sif
+    from envport.builders.apptainer import sif_content
+    from envport.sif import record as sif_record
+    from envport.sif.format import read_sif
 
     sif_record.write(str(sif), resolved.hash, "0" * 64, sif_content.layout(read_sif(sif)))
     assert fast_argv(["-C", str(root), "build", "demo-cpu", "--target", "apptainer"]) is None  # nothing remembered
@@ -167,7 +168,7 @@ def test_sif_stale_inputs_take_the_full_path(present_sif):
 
 def test_the_sif_shortcut_loads_neither_the_sif_module_nor_the_spec(present_sif):
     got = _modules_after(present_sif[0], "demo-cpu", "apptainer", (
-        "envport.engines.sif", "envport.spec", "envport.core.verdict", "dataclasses", "argparse", "hashlib", "json",
+        "envport.sif.format", "envport.spec", "envport.core.verdict", "dataclasses", "argparse", "hashlib", "json",
         "yaml", "pydantic", "jinja2"))
     assert got == "0 []"
 

@@ -161,7 +161,7 @@ def test_gc_removes_old_images_and_keeps_current_held_recent_busy_and_foreign(pr
 
 def _sif(path: Path, tmp_path: Path, labels: dict) -> int:
     from envport.builders.apptainer.singularity_d import inspect_metadata
-    from envport.engines.sif import write_sif
+    from envport.sif.format import write_sif
 
     tree = tmp_path / f"tree-{path.name}"
     tree.mkdir()
@@ -175,8 +175,9 @@ def _sif(path: Path, tmp_path: Path, labels: dict) -> int:
 
 def test_gc_removes_old_sifs_by_envports_marks_and_leaves_whatever_only_looks_like_one(project, tmp_path,
                                                                                      monkeypatch):
-    from envport.builders.apptainer import sif_content, sif_record
-    from envport.engines.sif import read_sif
+    from envport.builders.apptainer import sif_content
+    from envport.sif import record as sif_record
+    from envport.sif.format import read_sif
 
     name = unique("gc-sif")
     write_spec(project, name)

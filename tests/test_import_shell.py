@@ -1,4 +1,4 @@
-"""porting/shell: one handler per command family, each answering an Outcome (or None: not its family).
+"""porting/shell/: one handler per command family, each answering an Outcome (or None: not its family).
 
 Exact, one case per family (STYLE.md example 4), so a change in one family shows the one line it moved.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from envport.porting.report import Draft
-from envport.porting.shell import HANDLERS, Outcome, ShellContext, _classify
+from envport.porting.shell.commands import HANDLERS, _classify
+from envport.porting.shell.context import Outcome, ShellContext
 
 
 def ctx() -> ShellContext:
@@ -16,14 +17,14 @@ def ctx() -> ShellContext:
 
 
 @pytest.mark.parametrize("seg, outcome, family", [
-    ("apt-get install -y git", Outcome.DONE, "_packages_family"),
-    ("apt-get upgrade -y", Outcome.KEEP, "_packages_family"),
-    ("rm -rf /var/lib/apt/lists/*", Outcome.DONE, "_housekeeping_family"),
-    ("set -eux", Outcome.DONE, "_housekeeping_family"),
-    ("python3 -m pip install six==1.16.0", Outcome.DONE, "_python_family"),
-    ("uv sync --frozen", Outcome.KEEP, "_python_family"),
-    ("export FOO=1", Outcome.EXPORT, "_export_family"),
-    ("wget -q https://example.org/models/model.pt -O /w/model.pt", Outcome.DONE, "_weights_family"),
+    ("apt-get install -y git", Outcome.DONE, "packages_family"),
+    ("apt-get upgrade -y", Outcome.KEEP, "packages_family"),
+    ("rm -rf /var/lib/apt/lists/*", Outcome.DONE, "housekeeping_family"),
+    ("set -eux", Outcome.DONE, "housekeeping_family"),
+    ("python3 -m pip install six==1.16.0", Outcome.DONE, "python_family"),
+    ("uv sync --frozen", Outcome.KEEP, "python_family"),
+    ("export FOO=1", Outcome.EXPORT, "export_family"),
+    ("wget -q https://example.org/models/model.pt -O /w/model.pt", Outcome.DONE, "weights_family"),
     ("make -j4", Outcome.KEEP, None),
 ])
 def test_each_family_answers_its_own_commands(seg, outcome, family):

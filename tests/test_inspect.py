@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from envport.builders.apptainer.singularity_d import inspect_metadata
-from envport.engines.sif import DESCRIPTOR, DESCRIPTORS_OFFSET, read_sif, write_sif
+from envport.sif.format import DESCRIPTOR, DESCRIPTORS_OFFSET, read_sif, write_sif
 
 from .sif_fixtures import BuiltSif
 from .support import REPO, as_json, run_envport

@@ -24,7 +24,7 @@ LAYERS = [
     "renderers",   # top-level renderers/, installed as envport.renderers
     "recipe",
     "engines",
-    "sif",         # the SIF format: signatures (DSSE, PGP) over engines/sif.py reader
+    "sif",         # the SIF format: signatures (DSSE, PGP) over sif/format.py reader
     "builders",
     "verify",
     "witness",

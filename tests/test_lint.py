@@ -6,7 +6,7 @@ hadolint reads the repo's .hadolint.yaml and shellcheck the repo's .shellcheckrc
 error.  The setup scripts are checked as bash with shellcheck's full analysis;
 the `.def`'s %post and %environment as POSIX sh, which is what Apptainer runs
 them with.  tests/test_render_fuzz.py runs the same linters over thousands of
-generated specs.  radon grades no function of src/ F (cyclomatic complexity over 40):
+generated specs.  radon grades no function of src/ E or F (cyclomatic complexity over 30):
 one that grows that far is cut into named steps.
 """
 
@@ -109,8 +109,13 @@ def test_a_package_named_like_a_shell_keyword_renders_a_script_shellcheck_parses
 
 
 @needs_radon
-def test_no_function_in_src_is_graded_f_by_radon():
-    proc = subprocess.run([sys.executable, "-m", "radon", "cc", "-n", "F", str(REPO / "src")],
+def test_no_function_in_src_is_graded_e_or_f_by_radon():
+    """Grade E starts at a cyclomatic complexity of 31 (F at 41): a function that branches that much is no
+    longer read in one go, and each new case makes it worse."""
+    proc = subprocess.run([sys.executable, "-m", "radon", "cc", "-n", "E", "-s", str(REPO / "src")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "", f"radon grades these F (cut each into named steps):\n{proc.stdout}"
+    assert proc.stdout.strip() == "", (
+        "radon grades these E or F (cyclomatic complexity over 30). Cut each into named steps: small helper "
+        "functions whose names say what they do (a comment says why, not what), moving its code, not "
+        f"rewriting it:\n{proc.stdout}")

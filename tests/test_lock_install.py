@@ -116,14 +116,15 @@ def test_demo_image_with_uv_freezes_to_the_lock(demo_image, session_project):
 
 
 def test_demo_sif_with_uv_freezes_to_the_lock(base_image, session_project):
-    from envport.engines.sif_run import ch_run_argv, ch_run_env, mounted
+    from envport.sif.gate import gate
+    from envport.sif.run import ch_run_argv, ch_run_env, mounted
     from tests.sif_fixtures import build_sif, require_sif_tools
 
     require_sif_tools()
     # lz4: the squashfs of torch is the slow part of a SIF, and its compression is not what is tested here
     site = write_site(session_project, "uv-sif", installer="uv", apptainer={"compression": "lz4"})
     sif = build_sif(session_project, ENV_NAME, site)
-    with mounted(sif.path) as mnt:
+    with mounted(gate(sif.path)) as mnt:
         def inside(*argv: str) -> str:
             proc = subprocess.run(ch_run_argv(str(mnt), argv), capture_output=True, text=True, timeout=300,
                                   env=ch_run_env())

@@ -156,7 +156,7 @@ def _labelled_stub(root, name: str, tmp_path):
     """A SIF at NAME's identity path carrying its hash in inspect-metadata.json over a stub partition."""
     from envport.builders.apptainer.builder import sif_path
     from envport.builders.apptainer.singularity_d import inspect_metadata
-    from envport.engines.sif import write_sif
+    from envport.sif.format import write_sif
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.spec.loader import load_spec
@@ -175,7 +175,7 @@ def _labelled_stub(root, name: str, tmp_path):
 def test_a_labelled_sif_this_machine_did_not_build_is_not_present(sif_project, tmp_path):
     """Neither the no-op shortcut nor the full path takes it; the build says why and builds the real one."""
     from envport.builders import present_cache as cache
-    from envport.builders.apptainer import sif_record
+    from envport.sif import record as sif_record
     from envport.builders.apptainer.builder import present
     from envport.commands.fast import fast_argv
 
@@ -206,7 +206,7 @@ def test_a_labelled_sif_this_machine_did_not_build_is_not_present(sif_project, t
 def test_a_copy_of_a_real_sif_is_present_after_its_content_was_checked(tiny_sif, tmp_path):
     """A file built elsewhere (here: copied to a new path, so no record names it) is present once its own
     partition was read and found to be the env; then it is recorded, and the next answer is one stat."""
-    from envport.builders.apptainer import sif_record
+    from envport.sif import record as sif_record
     from envport.builders.apptainer.builder import present
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve

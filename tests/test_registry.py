@@ -24,6 +24,7 @@ from envport.engines import registry as reg_engine
 
 from .registry_fixture import SITE, SMALL, registry, small_project, small_sif  # noqa: F401 (fixtures)
 from .support import as_json, fail_with, run_envport, unique, write_spec
+from .test_pull_hostile import make_sif
 
 SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
 SIF_LAYER = "application/vnd.sylabs.sif.layer.v1.sif"
@@ -63,8 +64,9 @@ def test_push_then_pull_is_byte_identical_and_the_manifest_is_apptainers(registr
     proc = run_envport("pull", registry.url(repo, "v1"), "--site", SITE, "-o", str(out), "--json",
                        root=small_sif.root, timeout=600)
     assert proc.returncode == 0, fail_with(proc, "envport pull")
-    assert sorted(p.name for p in out.iterdir()) == [small_sif.path.name]
-    assert (out / small_sif.path.name).read_bytes() == small_sif.path.read_bytes()
+    pulled = f"{repo.rsplit('/', 1)[-1]}_v1.sif"  # named as `apptainer pull` names it, not by the title
+    assert sorted(p.name for p in out.iterdir()) == [pulled]
+    assert (out / pulled).read_bytes() == small_sif.path.read_bytes()
     assert as_json(proc)["steps"][0]["data"]["digest"] == layer["digest"]
 
 
@@ -90,10 +92,10 @@ def _free_port() -> int:
 @pytest.mark.parametrize("verb", ["push", "pull"])
 def test_a_registry_that_is_down_is_refused_naming_the_address(small_project, tmp_path, verb):
     host = f"127.0.0.1:{_free_port()}"  # nothing listens there
-    args = (["push", SMALL, "--site", SITE, "--to", f"oras://{host}/envport/x", "--sif", str(tmp_path / "x.sif")]
+    args = (["push", SMALL, "--site", SITE, "--to", f"oras://{host}/envport/x:1", "--sif", str(tmp_path / "x.sif")]
             if verb == "push" else ["pull", f"oras://{host}/envport/x:1", "-o", str(tmp_path / "out")])
     if verb == "push":
-        (tmp_path / "x.sif").write_bytes(b"not checked before the registry answers")
+        make_sif(tmp_path / "x.sif", {"envport.name": SMALL})  # no envport.hash label: under the tag named only
     start = time.monotonic()
     proc = run_envport(*args, "--json", root=small_project, timeout=120)
     assert proc.returncode == 3, fail_with(proc, f"{verb} to a registry that is down")
@@ -164,7 +166,7 @@ def test_an_interrupted_pull_leaves_nothing_under_the_final_name(registry, small
                 timeout=600)
     relay = StallingRelay(registry.host, limit=8 << 20)  # the SIF is ~100 MB: this stops mid-layer
     out = tmp_path / "out"
-    final = out / small_sif.path.name
+    final = out / f"{repo.rsplit('/', 1)[-1]}_{tag}.sif"
     try:
         pull = subprocess.Popen([sys.executable, "-m", "envport", "-C", str(small_sif.root), "pull",
                                  f"oras://{relay.host}/{repo}:{tag}", "--site", SITE, "-o", str(out)],
@@ -224,17 +226,17 @@ def _peak_rss_mib(*args: str, root: Path) -> int:
 
 
 def test_push_streams_the_layer_instead_of_holding_it_in_memory(registry, small_sif, tmp_path):
-    """The push of a ~100 MB SIF peaks within a few blocks of the push of a 1-byte file (oras's own upload
+    """The push of a ~100 MB SIF peaks within a few blocks of the push of a few-KB SIF (oras's own upload
     read the whole layer into memory: +100 MB)."""
-    tiny = tmp_path / "tiny.sif"
-    tiny.write_bytes(b"x")  # push sends the file as it is; only pull checks that a layer is a SIF
+    # A SIF of a few KB: push checks the file it sends (the trust gate, inspect's content checks) first.
+    tiny = make_sif(tmp_path / "tiny.sif", {"envport.name": SMALL})
     base = _peak_rss_mib("push", SMALL, "--site", SITE, "--sif", str(tiny), "--to",
-                         registry.url(f"envport/{unique('rss')}"), root=small_sif.root)
+                         registry.url(f"envport/{unique('rss')}", "tiny"), root=small_sif.root)
     peak = _peak_rss_mib("push", SMALL, "--site", SITE, "--to", registry.url(f"envport/{unique('rss')}"),
                          root=small_sif.root)
     size_mib = small_sif.path.stat().st_size >> 20
     assert size_mib >= 64, size_mib
-    assert peak - base < 24, f"push of a {size_mib} MiB layer peaked at {peak} MiB, {peak - base} over a 1-byte push"
+    assert peak - base < 24, f"push of a {size_mib} MiB layer peaked at {peak} MiB, {peak - base} over a few-KB push"
 
 
 def test_a_tampered_layer_is_refused_and_leaves_nothing(registry, small_sif, tmp_path):

@@ -125,7 +125,7 @@ def test_symlinks_in_the_tree_are_not_followed_out_of_it(tmp_path: Path):
 def test_the_built_sif_carries_its_sbom_read_from_its_content_and_signed_with_it(small_sif, tmp_path: Path):
     """The builder embeds the SBOM before the SIF gets its name; it is the SBOM `envport sbom FILE.sif` reads
     from the mounted partition, and a signature made afterwards covers it (a changed byte in it is named)."""
-    from envport.engines.sif import read_sif
+    from envport.sif.format import read_sif
     from envport.sif.keys import load_public_key
     from envport.sif.verify import check_signatures
 
@@ -159,7 +159,7 @@ def test_the_built_sif_carries_its_sbom_read_from_its_content_and_signed_with_it
 
 
 def test_appended_sbom_object_is_what_siftool_reads(small_sif, tmp_path: Path):
-    from envport.engines.sif import read_sif
+    from envport.sif.format import read_sif
 
     if shutil.which("siftool") is None:
         missing("siftool (apt-get install siftool)")
@@ -189,7 +189,8 @@ def test_appended_sbom_object_is_what_siftool_reads(small_sif, tmp_path: Path):
 
 
 def test_sif_sbom_lists_what_pip_and_dpkg_show_inside_it(small_sif, tmp_path: Path):
-    from envport.engines.sif_run import ch_run_argv, ch_run_env, missing_tools, mounted
+    from envport.sif.gate import gate
+    from envport.sif.run import ch_run_argv, ch_run_env, missing_tools, mounted
 
     if missing_tools("ch-run"):
         missing(f"to run inside the SIF: {', '.join(missing_tools('ch-run'))}")
@@ -197,7 +198,7 @@ def test_sif_sbom_lists_what_pip_and_dpkg_show_inside_it(small_sif, tmp_path: Pa
     proc = run_envport("sbom", str(small_sif.path), "-o", str(out), root=small_sif.root, timeout=300)
     assert proc.returncode == 0, fail_with(proc, "envport sbom FILE.sif")
     doc = _validate(out.read_text())
-    with mounted(small_sif.path) as mnt:
+    with mounted(gate(small_sif.path)) as mnt:
         inside = {name: subprocess.run(ch_run_argv(str(mnt), argv), capture_output=True, text=True,
                                        env=ch_run_env(), timeout=120)
                   for name, argv in (("pip", PIP_LIST), ("dpkg", DPKG_QUERY))}

@@ -19,7 +19,7 @@ import pytest
 
 from envport.builders.apptainer.builder import SPEC_OBJECT
 from envport.builders.apptainer.singularity_d import inspect_metadata
-from envport.engines.sif import DATA_GENERIC_JSON, read_json_object, read_object, read_sif, write_sif
+from envport.sif.format import DATA_GENERIC_JSON, read_json_object, read_object, read_sif, write_sif
 
 from .sif_fixtures import BuiltSif
 from .support import REPO, as_json, missing, run_envport
@@ -226,8 +226,8 @@ def test_crafted_metadata_is_a_reason_in_inspect_and_verify(name, tmp_path: Path
                        timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     step = as_json(proc)["steps"][-1]
-    # verify reads the labels, not the environment object: that SIF fails its checks instead.
-    assert (step["verdict"], step["reason"]) == ("FAILED", "" if name == "environment-int" else reason), step
+    # verify runs inspect's checks on the file before it uses it (issue 35, U1): the same reason.
+    assert (step["verdict"], step["reason"]) == ("FAILED", reason), step
 
 
 @pytest.mark.parametrize("created", [2**62, -2**62, 2**63 - 1, -2**63], ids=["huge", "negative", "max", "min"])

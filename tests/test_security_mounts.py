@@ -61,7 +61,7 @@ def _mounted_under(where: str) -> list[str]:
 def hostile_sif(tmp_path_factory) -> Path:
     """A SIF (envport's own writer) whose partition holds /evil-id (setuid root) and /null (0666, 1:3)."""
     _needs("mksquashfs", "setpriv", "mount")
-    from envport.engines.sif import write_sif
+    from envport.sif.format import write_sif
 
     tmp = tmp_path_factory.mktemp("hostile-sif")
     (tmp / "tree").mkdir()
@@ -123,11 +123,12 @@ FSTYPES = {"kernel": "squashfs", "squashfuse": "fuse.squashfuse"}
 @pytest.mark.parametrize("kind", sorted(FSTYPES))
 def test_verify_mount_gives_another_user_no_root_and_no_device(hostile_sif: Path, public_tmp: Path, kind: str,
                                                                monkeypatch):
-    from envport.engines import sif_run
+    from envport.sif import run as sif_run
+    from envport.sif.gate import gate
 
     _needs("squashfuse")
     monkeypatch.setenv(sif_run.MOUNT_ENV, kind)
-    with sif_run.mounted(hostile_sif, parent=str(public_tmp)) as mnt:  # what verify/sif.py holds
+    with sif_run.mounted(gate(hostile_sif), parent=str(public_tmp)) as mnt:  # what verify/sif.py holds
         assert _fstype(str(mnt)) == FSTYPES[kind] or _fstype(str(mnt)).startswith(FSTYPES[kind] + "_"), \
             _fstype(str(mnt))
         _attack(str(mnt))
@@ -160,13 +161,15 @@ HOLD = ["bash", "-c", 'printf "mounted %s\\n" "$1"; exec sleep 600', "hold"]
 @contextmanager
 def _task(launcher, sif: Path) -> Iterator[tuple[subprocess.Popen, str]]:
     """One per-call wrapper of LAUNCHER running (its own session); yields it and the mount it made."""
-    from envport.engines import sif_run
+    from envport.sif import run as sif_run
+    from envport.sif.gate import gate
     from envport.witness.launchers.sif import MNT, TASK
 
     inv = launcher.invocation("x.py", [], {})
     i = inv.argv.index(TASK)
-    head = inv.argv[:i + 1 + 5]  # bash -c TASK $0 runtime sif options base
-    assert head[-2] == sif_run.squashfuse_options(sif_run.partition_offset(sif)), head
+    head = inv.argv[:i + 1 + 6]  # bash -c TASK $0 runtime sif options base judged-identity
+    assert head[-3] == sif_run.squashfuse_options(gate(sif).partition.offset), head
+    assert head[-1] == gate(sif).file.identity, head
     env = {k: v for k, v in (inv.env or os.environ).items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.Popen([*head, *HOLD, MNT], env=env, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)

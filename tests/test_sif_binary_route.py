@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.engines.sif import read_object, read_sif
+from envport.sif.format import read_object, read_sif
 from envport.plan.site import load_site
 from envport.plan.steps import CONTAINER_VENV
 from envport.recipe.identity import resolve

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from envport.builders.apptainer.builder import SPEC_OBJECT, present
-from envport.engines.sif import primary_partition, read_json_object, read_object, read_sif, sif_labels
+from envport.sif.format import primary_partition, read_json_object, read_object, read_sif, sif_labels
 from envport.plan.site import Site, apply_site, load_site
 from envport.plan.steps import make_plan
 from envport.renderers import render_target

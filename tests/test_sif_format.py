@@ -1,4 +1,4 @@
-"""envport.engines.sif: write a SIF as apptainer lays it out, read any SIF back, refuse bad ones.
+"""envport.sif.format: write a SIF as apptainer lays it out, read any SIF back, refuse bad ones.
 
 Binaries (Debian packages; a test that needs one skips, naming it, when it is
 missing): `mksquashfs` (squashfs-tools) makes the partition; `siftool`
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from envport.engines import sif
-from envport.engines.sif import SifError
+from envport.sif import format as sif
+from envport.sif.format import SifError
 
 MKSQUASHFS = shutil.which("mksquashfs")
 SIFTOOL = shutil.which("siftool")
@@ -191,7 +191,7 @@ def test_sigkill_mid_write_leaves_no_final_name_and_next_write_cleans_up(tmp_pat
     target = tmp_path / "out.sif"
     code = textwrap.dedent(f"""
         import time
-        from envport.engines import sif
+        from envport.sif import format as sif
         def slow(*a, **k):
             time.sleep(60)
         sif._copy_into = slow

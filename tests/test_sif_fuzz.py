@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from envport.builders.apptainer.sif_inspect import failure, read_report, verdict
 from envport.commands.inspect import _print_facts
-from envport.engines.sif import (DATA_OFFSET, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
+from envport.sif.format import (DATA_OFFSET, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
                                  LAUNCH_SCRIPT, MAGIC, VERSION, SifError, write_sif)
 
 from .support import missing

@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 
-from envport.engines.sif_header import DESCRIPTOR, DESCRIPTORS_OFFSET
+from envport.sif.header import DESCRIPTOR, DESCRIPTORS_OFFSET
 from envport.sif.image import read_raw
 from envport.sif.keys import load_private_key, load_public_key
 from envport.sif.sign import sign_sif
@@ -169,7 +169,7 @@ def test_any_flipped_covered_byte_is_never_verified(tmp_path, signer):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from envport.engines.sif import SifError
+    from envport.sif.format import SifError
 
     from .support import examples
 
@@ -400,7 +400,7 @@ def test_envport_signed_sif_tampered_is_refused_with_the_right_reason(tiny_copy,
     priv, pub = new_key(tmp_path, "ed25519")
     if tamper != "unsigned":
         sign_sif(tiny_copy, [load_private_key(priv)])
-    part = partition(tiny_copy)  # the last object envport's builder writes (engines/sif.py write_sif)
+    part = partition(tiny_copy)  # the last object envport's builder writes (sif/format.py write_sif)
     if tamper == "partition":
         flip(tiny_copy, part.offset + part.size // 2)
     elif tamper == "descriptor":

@@ -37,7 +37,7 @@ def test_sif_build_job_uses_the_profile_dirs_and_never_leaves_a_partial(tmp_path
 def test_witness_job_with_the_sif_launcher_unmounts_in_its_cleanup(tmp_path):
     if shutil.which("mksquashfs") is None:
         pytest.skip("mksquashfs not installed (apt-get install squashfs-tools)")
-    from envport.engines.sif import write_sif
+    from envport.sif.format import write_sif
 
     (tmp_path / "tree").mkdir()
     subprocess.run(["mksquashfs", str(tmp_path / "tree"), str(tmp_path / "x.sqfs"), "-noappend", "-quiet",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from envport.builders.apptainer.builder import SPEC_OBJECT
-from envport.engines.sif import DATA_GENERIC_JSON, read_json_object, read_sif
+from envport.sif.format import DATA_GENERIC_JSON, read_json_object, read_sif
 
 from .sif_fixtures import BuiltSif, sif_env
 from .support import as_json, copy_project, fail_with, run_envport, write_site, write_spec

@@ -64,7 +64,7 @@ def tmpdir_env(tmp_path: Path) -> tuple[dict, str]:
     return sif_env(TMPDIR=str(tmp)), f"{tmp}/envport-sif-"
 
 
-# The batch script's EXIT trap sweeps the job's SIF mounts under this prefix (engines/sif_run.py SWEEP_FN).
+# The batch script's EXIT trap sweeps the job's SIF mounts under this prefix (sif/run.py SWEEP_FN).
 SWEEP = re.compile(r"^  envport_sif_sweep (/tmp/envport-sif-[0-9a-f]+-)$", re.M)
 
 
@@ -246,8 +246,9 @@ def test_weights_and_witness_folder_are_read_only_inside_the_sif(demo_sif: Built
 def _mount_holder(sif: Path, parent: Path) -> subprocess.Popen:
     code = ("import sys, time\n"
             "from pathlib import Path\n"
-            "from envport.engines.sif_run import mounted\n"
-            "with mounted(Path(sys.argv[1]), parent=sys.argv[2]) as m:\n"
+            "from envport.sif.gate import gate\n"
+            "from envport.sif.run import mounted\n"
+            "with mounted(gate(Path(sys.argv[1])), parent=sys.argv[2]) as m:\n"
             "    print(m, flush=True)\n"
             "    time.sleep(600)\n")
     return subprocess.Popen([sys.executable, "-c", code, str(sif), str(parent)], stdout=subprocess.PIPE, text=True)

@@ -1,5 +1,5 @@
 """Trust: `envport inspect` lists and checks every signature; a site's `trust.require_signed` refuses unsigned
-or foreign SIFs before anything is mounted (engines/sif_run.py `admit`) and before `pull` names a file.
+or foreign SIFs before anything is mounted (sif/run.py `admit`) and before `pull` names a file.
 
 The inspect tests read apptainer's own signed test SIFs (shared/sif-testdata, signed by sif's library); the
 gate tests run `envport witness` on tiny-sif's SIF (built once a session, tests/sif_fixtures.py) with a
@@ -175,10 +175,18 @@ def pushed(registry, small_sif, tmp_path):
     """push(FILE) -> oras:// ref of FILE pushed as tiny-reg's SIF to a fresh repository; and a fresh key."""
     priv, pub = new_key(tmp_path, "ed25519")
 
-    def push(path: Path) -> str:
+    def push(path: Path, *, raw: bool = False) -> str:
+        """RAW: the bytes as they are, through the registry engine (envport push refuses a damaged SIF: a
+        registry that holds one is what the pull under test must refuse)."""
         repo = f"envport/{unique('trust')}"
-        run_envport("push", SMALL, "--site", SITE, "--sif", str(path), "--to", registry.url(repo),
-                    root=small_sif.root, check=True, timeout=600)
+        if raw:
+            from envport.engines import registry as engine
+
+            engine.push_sif(path, engine.parse_ref(registry.url(repo)), [small_sif.hash[:12]],
+                            ca=str(REGISTRY_DIR / "ca.crt"))
+        else:
+            run_envport("push", SMALL, "--site", SITE, "--sif", str(path), "--to", registry.url(repo),
+                        root=small_sif.root, check=True, timeout=600)
         return registry.url(repo, small_sif.hash[:12])
 
     return push, priv, pub
@@ -212,13 +220,15 @@ def test_pull_with_a_key_verifies_and_refuses_a_tampered_signed_sif(pushed, smal
     proc = pull(small_sif, push(signed), out, "--key", str(pub), "--site", SITE)
     assert proc.returncode == 0, fail_with(proc, "pull of a signed SIF")
     assert "signatures verified against" in as_json(proc)["steps"][0]["detail"]
-    assert (out / signed.name).read_bytes() == signed.read_bytes()
+    # pull names the file after the reference (REPO's last part and the tag), never the registry's title
+    [pulled] = list(out.iterdir())
+    assert pulled.name.endswith(f"_{small_sif.hash[:12]}.sif") and pulled.read_bytes() == signed.read_bytes()
 
-    from envport.engines.sif import primary_partition, read_sif
+    from envport.sif.format import primary_partition, read_sif
 
     flip(signed, primary_partition(read_sif(signed)).offset + 100)  # a byte of the signed partition
     out2 = tmp_path / "out2"
-    proc = pull(small_sif, push(signed), out2, "--key", str(pub), "--site", SITE)
+    proc = pull(small_sif, push(signed, raw=True), out2, "--key", str(pub), "--site", SITE)
     step = as_json(proc)["steps"][0]
     assert proc.returncode == 3 and step["reason"] == "bad_signature", fail_with(proc, "pull of a tampered SIF")
     assert "the data of object" in step["detail"], step["detail"]

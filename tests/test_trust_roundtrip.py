@@ -70,8 +70,9 @@ def _other_user_argv(stage: Path) -> list[str]:
 @pytest.mark.timeout(2400)
 def test_signed_pushed_pulled_inspected_and_run_under_require_signed(demo_sif, registry, tmp_path,
                                                                      record_property):
-    from envport.engines.sif import primary_partition, read_sif
-    from envport.engines.sif_run import ch_run_argv, ch_run_env, mounted
+    from envport.sif.format import primary_partition, read_sif
+    from envport.sif.gate import gate
+    from envport.sif.run import ch_run_argv, ch_run_env, mounted
     from envport.sif.sbom import SBOM_DATATYPE
 
     priv, pub = new_key(tmp_path, "ed25519")
@@ -115,12 +116,24 @@ def test_signed_pushed_pulled_inspected_and_run_under_require_signed(demo_sif, r
                                registry.url(repo, "v1"), "--site", "admin", "-o", str(alone / "pulled"),
                                "--json"], capture_output=True, text=True, env=env, cwd=alone, timeout=900)
         assert proc.returncode == 0, fail_with(proc, "envport pull as the admin")
-        pulled = alone / "pulled" / signed.name
-        assert sorted(p.name for p in (alone / "pulled").iterdir()) == [signed.name]
+        # named after the reference (REPO's last part, the tag), as apptainer pull names it
+        pulled = alone / "pulled" / f"{repo.rsplit('/', 1)[-1]}_v1.sif"
+        assert sorted(p.name for p in (alone / "pulled").iterdir()) == [pulled.name]
         assert pulled.read_bytes() == signed.read_bytes()
         assert "signatures verified against pub.pem" in as_json(proc)["steps"][0]["detail"]
         if as_other:
             assert pulled.stat().st_uid == OTHER_UID
+            # root does not run a file another user can rewrite after the check (issue 35, G2): refused by
+            # name before anything is mounted; root runs its own copy.
+            proc = run_envport("witness", ENV_NAME, "--target", "apptainer", "--sif", str(pulled), "--site",
+                               site, root=demo_sif.root, env=sif_env(), timeout=SIF_TIMEOUT)
+            assert proc.returncode == 3 and "[sif_unsafe]" in proc.stdout + proc.stderr, \
+                fail_with(proc, "witness of another user's file")
+            assert f"owned by uid {OTHER_UID}" in proc.stdout + proc.stderr
+            mine = tmp_path / "mine" / pulled.name
+            mine.parent.mkdir()
+            shutil.copyfile(pulled, mine)
+            pulled = mine
 
         # inspect: signed by that key, and the signature covers the SBOM.
         proc = run_envport("inspect", str(pulled), "--key", str(alone / "pub.pem"), "--json", root=demo_sif.root,
@@ -135,7 +148,7 @@ def test_signed_pushed_pulled_inspected_and_run_under_require_signed(demo_sif, r
         dumped = subprocess.run(["siftool", "dump", str(sbom_id), str(pulled)], capture_output=True, timeout=60)
         assert dumped.returncode == 0, dumped
         doc = _validate(dumped.stdout.decode())
-        with mounted(pulled) as mnt:
+        with mounted(gate(pulled)) as mnt:
             inside = {name: subprocess.run(ch_run_argv(str(mnt), argv), capture_output=True, text=True,
                                            env=ch_run_env(), timeout=300)
                       for name, argv in (("pip", PIP_LIST), ("dpkg", DPKG_QUERY))}

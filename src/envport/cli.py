@@ -91,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    from envport.sif.trust import install
-    install()  # the trust gate of every SIF mount and run (engines/sif_run.py `admit`)
     try:
         return int(args.func(args) or 0)
     except EnvportError as exc:

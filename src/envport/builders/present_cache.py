@@ -15,7 +15,7 @@ question, and no edit leaves ctime alone.
 A remembered identity is never a verdict: builders/docker/present.py still
 asks the engine whether the image there carries that hash, and a SIF is
 taken only while it is the very file this machine's build wrote (its stat
-against builders/apptainer/sif_record.py's record, commands/fast.py): a label
+against sif/record.py's record, commands/fast.py): a label
 in a file anyone could have dropped into a shared sif_dir is never enough.  The digest uses the interpreter's
 built-in blake2b: loading OpenSSL for hashlib's cost more than the rest of
 the no-op build's own work.

@@ -169,31 +169,56 @@ class _Run:
 
 def _verdict(name: str, resolved: Resolved, host, target_host, rc: int, lines: list[str], seconds: float,
              stopped_by: str | None) -> StepResult:
+    says = [ln.split("]: ", 1)[1] for ln in lines if ln.startswith("envport[") and "]: " in ln]
+    stopped = _interrupted(name, lines, says, seconds, stopped_by)
+    if stopped is not None:
+        return stopped
+    if rc == 0:
+        return _built(name, resolved, host, lines, says, seconds)
+    if rc == 3:
+        return _refused(name, lines, seconds)
+    return _failed(name, host, target_host, rc, lines, says, seconds)
+
+
+def _interrupted(name: str, lines: list[str], says: list[str], seconds: float,
+                 stopped_by: str | None) -> StepResult | None:
+    """The build was stopped (envport was sent a signal, or the script says it was): whatever its exit code."""
+    said = next((s for s in says if s.startswith("INTERRUPTED by ")), None)
+    if not (stopped_by or said):
+        return None
+    # The script only ever sees SIGTERM from the wrapper; what envport was sent is the news.
+    why = f"stopped by {stopped_by} to envport" if stopped_by else said[len("INTERRUPTED "):]
+    if said:
+        why += "; " + said.split(": ", 1)[-1]
+    if stopped_by:
+        # "INTERRUPTED by SIGTERM" is the wrapper passing the stop on; shown, it hid the SIGINT the user sent.
+        lines = [ln for ln in lines if "]: INTERRUPTED by " not in ln]
+    return StepResult(name, Verdict.FAILED, why, reason=INTERRUPTED_REASON, lines=lines[-30:], seconds=seconds)
+
+
+def _built(name: str, resolved: Resolved, host, lines: list[str], says: list[str], seconds: float) -> StepResult:
+    """Exit 0: the env was built (OK, naming the hash it replaced) or was already there (PRESENT)."""
     prefix = next((m.group(1) for ln in reversed(lines) if (m := PREFIX_RE.search(ln))), None)
     detail = {"prefix": prefix, "ssh_host": host}
-    says = [ln.split("]: ", 1)[1] for ln in lines if ln.startswith("envport[") and "]: " in ln]
-    said = next((s for s in says if s.startswith("INTERRUPTED by ")), None)
-    if stopped_by or said:
-        # The script only ever sees SIGTERM from the wrapper; what envport was sent is the news.
-        why = f"stopped by {stopped_by} to envport" if stopped_by else said[len("INTERRUPTED "):]
-        if said:
-            why += "; " + said.split(": ", 1)[-1]
-        if stopped_by:
-            # "INTERRUPTED by SIGTERM" is the wrapper passing the stop on; shown, it hid the SIGINT the user sent.
-            lines = [ln for ln in lines if "]: INTERRUPTED by " not in ln]
-        return StepResult(name, Verdict.FAILED, why, reason=INTERRUPTED_REASON, lines=lines[-30:], seconds=seconds)
-    if rc == 0:
-        present = any(s.startswith("present ") and "@" in s for s in says[-3:])
-        verdict = Verdict.PRESENT if present else Verdict.OK
-        replaced = next((m.group(1) for s in says if (m := REPLACED_RE.match(s))), None)
-        if replaced and verdict is Verdict.OK:
-            detail["replaced"] = replaced
-        return StepResult(name, verdict, f"{resolved.identity.ref} at {prefix}", seconds=seconds,
-                          data={k: v for k, v in detail.items() if v})
-    if rc == 3:
-        m = next((REFUSED_RE.search(ln) for ln in reversed(lines) if REFUSED_RE.search(ln)), None)
-        reason, why = (m.group(1), m.group(2)) if m else ("refused", lines[-1] if lines else "")
-        return StepResult(name, Verdict.REFUSED, why, reason=reason, seconds=seconds)
+    present = any(s.startswith("present ") and "@" in s for s in says[-3:])
+    verdict = Verdict.PRESENT if present else Verdict.OK
+    replaced = next((m.group(1) for s in says if (m := REPLACED_RE.match(s))), None)
+    if replaced and verdict is Verdict.OK:
+        detail["replaced"] = replaced
+    return StepResult(name, verdict, f"{resolved.identity.ref} at {prefix}", seconds=seconds,
+                      data={k: v for k, v in detail.items() if v})
+
+
+def _refused(name: str, lines: list[str], seconds: float) -> StepResult:
+    """Exit 3: the script refused, with its reason on its last `REFUSED [reason]: why` line."""
+    m = next((REFUSED_RE.search(ln) for ln in reversed(lines) if REFUSED_RE.search(ln)), None)
+    reason, why = (m.group(1), m.group(2)) if m else ("refused", lines[-1] if lines else "")
+    return StepResult(name, Verdict.REFUSED, why, reason=reason, seconds=seconds)
+
+
+def _failed(name: str, host, target_host, rc: int, lines: list[str], says: list[str], seconds: float) -> StepResult:
+    """Any other exit: the first cause the script's words name (not present, a pin, a swapped hash, an
+    unreachable host), else the exit code with the output's tail."""
     not_present = next((s for s in says if s.startswith("NOT PRESENT: ")), None)
     if not_present:
         return StepResult(name, Verdict.FAILED, not_present[len("NOT PRESENT: "):], reason="not_present",

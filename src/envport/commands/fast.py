@@ -6,7 +6,7 @@ alone takes ~0.035 s to start, so this path imports only os, the built-in
 blake2b and the C json scanner (builders/present_cache.py, core/cjson.py), then
 `_socket` (builders/docker/present.py, engines/docker_socket.py); a SIF is
 taken only while its stat is what this machine's build recorded
-(builders/apptainer/sif_record.py: one stat, no read of the file): no argparse, no json
+(sif/record.py: one stat, no read of the file): no argparse, no json
 module (but for `--json` output), no pathlib, no other command module, not
 even the verdict module (its line and its `--json` shape are written here;
 tests/test_fast_argv.py holds them equal to what core/verdict prints).
@@ -85,7 +85,7 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
 
 
 def _recorded_sif(hash_: str, sif: str) -> dict | None:
-    from envport.builders.apptainer import sif_record
+    from envport.sif import record as sif_record
 
     if not sif_record.unchanged(sif, hash_):
         return None

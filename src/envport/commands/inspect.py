@@ -55,7 +55,7 @@ def run(args) -> int:
         result = verdict(report, not_envport(report))
     else:
         result = verdict(report, _compare(args, report))
-    signed, checked = _signatures(args, path)
+    signed, checked = _signatures(args, report.info or path)
     # A file the signature reader cannot read either: the inspect step above already says why.
     steps = [result] + ([signed] if signed.verdict is not Verdict.FAILED else [])
     code = exit_code(steps)
@@ -75,7 +75,7 @@ def run(args) -> int:
     return code
 
 
-def _signatures(args, path: Path):
+def _signatures(args, source):
     """(StepResult, SignatureReport): the signatures checked against --key and the site's trust.keys
     (verify_sig.verify_step); without keys, listed and the step skipped: nothing is claimed."""
     from envport.commands._common import project_root
@@ -93,7 +93,7 @@ def _signatures(args, path: Path):
         keys = [load_public_key(f) for f in files]
     except KeyFileError as exc:
         raise EnvportError(str(exc)) from None
-    result, checked = verify_step(path, keys, [])
+    result, checked = verify_step(source, keys, [])
     if keys or result.verdict is not Verdict.REFUSED:
         return result, checked
     listed = len(checked.signatures) if checked else 0

@@ -8,19 +8,28 @@ from pathlib import Path
 
 def register(sub) -> None:
     p = sub.add_parser("pull", help="pull a SIF pushed with ORAS (apptainer push, envport push) into a folder",
-                       description="Download the SIF of oras://HOST/REPO:TAG (the manifest must have exactly one "
-                       "layer of media type application/vnd.sylabs.sif.layer.v1.sif) into DIR under its title "
-                       "(the pushed file's name). The bytes go to a hidden partial file first; only when their "
-                       "size and sha256 are the manifest's and the SIF header reads is it renamed into place, "
-                       "so an interrupted or refused pull leaves nothing under the final name. TLS: the site "
-                       "profile's registry_ca, else the system's CAs. Credentials: ENVPORT_REGISTRY_USER and "
+                       description="Download the SIF of oras://HOST/REPO:TAG (the manifest, at most 4 MiB, must be "
+                       "an OCI image manifest with exactly one layer of media type "
+                       "application/vnd.sylabs.sif.layer.v1.sif) into DIR/<REPO's last part>_<TAG>.sif, the name "
+                       "`apptainer pull` gives it (never the name the registry's title annotation says). A file "
+                       "already there is replaced only with --force. A layer larger than DIR's free space is "
+                       "refused before it is downloaded. The bytes go to a hidden partial file first; only when "
+                       "their size and sha256 are the manifest's and the SIF header reads is it renamed into "
+                       "place, so an interrupted (Ctrl-C, SIGTERM: exit 130), stalled or refused pull leaves "
+                       "nothing under the final name. A registry that sends less than 64 KiB in "
+                       "ENVPORT_REGISTRY_IDLE_S seconds (default 60) is refused registry_unreachable. TLS: the "
+                       "site profile's registry_ca, else the system's CAs. Credentials: ENVPORT_REGISTRY_USER and "
                        "ENVPORT_REGISTRY_PASSWORD, else the docker config file. Exit 0 pulled, 3 refused "
-                       "(registry_unreachable, not_found, denied, tls_failed, not_a_sif_artifact; unsigned, "
-                       "untrusted_signer under the site's trust.require_signed; bad_signature whenever a key "
-                       "is given), 1 failed (digest_mismatch, not_a_sif), 2 usage. Signatures are checked "
-                       "against --key and the site's trust.keys before the rename (docs/apptainer.md).")
+                       "(registry_unreachable, not_found, denied, tls_failed, not_a_sif_artifact, output_exists, "
+                       "disk_low; unsigned, untrusted_signer under the site's trust.require_signed; bad_signature "
+                       "whenever a key is given), 1 failed (digest_mismatch, not_a_sif), 2 usage, 130 "
+                       "interrupted. Signatures are checked against --key and the site's trust.keys before the "
+                       "rename (docs/apptainer.md).")
     p.add_argument("ref", metavar="oras://HOST/REPO:TAG")
-    p.add_argument("-o", "--output", default=".", metavar="DIR", help="folder to write the SIF into (default: .)")
+    p.add_argument("-o", "--output", default=".", metavar="DIR", help="folder to write the SIF into (default: .); "
+                   "the file is DIR/<REPO's last part>_<TAG>.sif")
+    p.add_argument("--force", action="store_true", help="replace a file already at DIR/<REPO's last part>_<TAG>.sif "
+                   "(without it: REFUSED [output_exists], before the registry is asked)")
     p.add_argument("--site", default=None, help="site profile (default: local): its registry_ca and trust")
     p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
                    help="PEM public key to check the SIF's signatures against (beside the site's trust.keys); "
@@ -35,19 +44,25 @@ BROKEN = ("digest_mismatch", "not_a_sif")
 
 def trust_checks(site, key_files: list[str]):
     """The check of the complete, digest-checked partial file before it is renamed into place: its signatures
-    against --key and the site's trust.keys (sif/trust.py `judge`). A bad signature is always refused; with
+    against --key and the site's trust.keys (sif/gate.py `judge`). A bad signature is always refused; with
     the site's trust.require_signed so are [unsigned] and [untrusted_signer]. Raises RegistryError, and the
     file is removed: nothing appears under the final name. Returns the check and a list it fills with what
     was found, for the verdict line."""
     from envport.engines.registry import RegistryError
     from envport.plan.site import active_trust
-    from envport.sif.trust import judge
+    from envport.sif.gate import judge
 
     keys = list(dict.fromkeys([str(Path(k).resolve()) for k in key_files] + list(site.trust_keys())))
     required = active_trust().require_signed
     found: list[str] = []
 
     def check(partial: Path) -> None:
+        from envport.sif.format import SifError, read_sif
+
+        try:
+            read_sif(partial)
+        except SifError as exc:
+            raise RegistryError("not_a_sif", f"the layer is not a usable SIF ({exc.message})") from None
         if not keys:
             found.append("signatures not checked (no --key, no trust.keys)")
             return
@@ -63,8 +78,11 @@ def trust_checks(site, key_files: list[str]):
 
 
 def run(args) -> int:
+    import sys
+
     from envport.commands._common import project_root
     from envport.core.errors import EnvportError
+    from envport.core.proc import sigterm_interrupts
     from envport.core.progress import transfer_progress
     from envport.core.verdict import StepResult, Verdict, report
     from envport.engines import registry
@@ -72,6 +90,7 @@ def run(args) -> int:
 
     try:
         ref = registry.parse_ref(args.ref)
+        idle = registry.idle_seconds()
     except ValueError as exc:
         raise EnvportError(str(exc)) from None
     if not ref.tag:
@@ -86,12 +105,18 @@ def run(args) -> int:
     step = f"pull {ref}"
     start = time.monotonic()
     try:
-        out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, check=check,
-                                progress=transfer_progress(f"pull {ref}"))
+        # SIGTERM (a scheduler's, a `timeout`'s) ends the pull as Ctrl-C does: the partial removed, exit 130.
+        with sigterm_interrupts():
+            out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, force=args.force, idle=idle,
+                                    check=check, progress=transfer_progress(f"pull {ref}"))
     except registry.RegistryError as exc:
         verdict = Verdict.FAILED if exc.reason in BROKEN else Verdict.REFUSED
         return report([StepResult(step, verdict, str(exc), reason=exc.reason, seconds=time.monotonic() - start)],
                       args.json, command="pull")
+    except KeyboardInterrupt:
+        final = Path(args.output) / registry.file_name(ref)
+        print(f"{step}: stopped; nothing was written to {final} and no partial file is left", file=sys.stderr)
+        raise
     result = StepResult(step, Verdict.OK, f"{out['path']} ({out['size']} bytes, {out['digest']}; checked: layer "
                         f"digest and SIF header; {'; '.join(found)})", seconds=time.monotonic() - start, data=out)
     return report([result], args.json, command="pull")

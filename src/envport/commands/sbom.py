@@ -47,14 +47,20 @@ def run(args) -> int:
 
 
 def _from_sif(path: Path, lock, fmt: str):
+    from envport.builders.apptainer.sif_inspect import admitted
     from envport.core.verdict import StepResult, Verdict
-    from envport.engines.sif import SifError
-    from envport.engines.sif_run import MountError
+    from envport.sif.format import SifError
+    from envport.sif.run import MountError
     from envport.sif import sbom
 
     step = f"sbom {path.name}"
+    # The gate and inspect's content checks first: an SBOM of a damaged or tampered file is no SBOM of it.
+    checked = admitted(path, step=step, fix="the file you named does not exist: check the path")
+    if isinstance(checked, StepResult):
+        return checked, None
+    gated, _ = checked
     try:
-        text, packages = sbom.sif_sbom(path, sbom.sif_facts(path, lock), fmt)
+        text, packages = sbom.sif_sbom(gated, sbom.sif_facts(gated.info, lock), fmt)
     except SifError as exc:
         return StepResult(step, Verdict.FAILED, str(exc), reason=exc.reason), None
     except MountError as exc:

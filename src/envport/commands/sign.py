@@ -65,7 +65,7 @@ def sign_step(path: Path, key_files: list[str], pgp_key: str | None):
     """One StepResult: the SIF at PATH signed (OK), already signed by exactly these keys (present), or why not.
     `envport build --sign` calls it too."""
     from envport.core.verdict import StepResult, Verdict
-    from envport.engines.sif import SifError
+    from envport.sif.format import SifError
     from envport.sif.pgp import PgpError
     from envport.sif.sign import sign_sif
     from envport.sif.verify import check_signatures

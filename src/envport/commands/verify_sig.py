@@ -59,16 +59,17 @@ def signature_lines(checked) -> list[str]:
     return out
 
 
-def verify_step(path: Path, keys: list, keyrings: list[str]):
-    """(StepResult, SignatureReport or None): OK when every group is signed and every signature verifies."""
+def verify_step(source, keys: list, keyrings: list[str]):
+    """(StepResult, SignatureReport or None): OK when every group is signed and every signature verifies.
+    SOURCE: a path, or the SifInfo another check of this run read (inspect: one open file for both)."""
     from envport.core.verdict import StepResult, Verdict
-    from envport.engines.sif import SifError
+    from envport.sif.format import SifError
     from envport.sif.pgp import PgpError
     from envport.sif.verify import check_signatures
 
-    step = f"signatures {path.name}"
+    step = f"signatures {Path(getattr(source, 'path', source)).name}"
     try:
-        checked = check_signatures(path, keys, keyrings)
+        checked = check_signatures(source, keys, keyrings)
     except SifError as exc:
         return StepResult(step, Verdict.FAILED, exc.message, reason=exc.reason), None
     except PgpError as exc:

@@ -40,19 +40,21 @@ class Ran:
 
 def run(argv: Sequence[str], *, timeout: Optional[float] = 30, stdin: Union[str, bytes, None] = None,
         stdin_from: Optional[IO] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[PathLike] = None,
-        binary: bool = False, errors: str = "strict", dies_with: Optional[int] = None) -> Ran:
+        binary: bool = False, errors: str = "strict", dies_with: Optional[int] = None,
+        pass_fds: Sequence[int] = ()) -> Ran:
     """ARGV run to its end, its output kept. TIMEOUT None only where the work has no bound envport can name
     (a build, a squashfs of a whole tree, a user's own fetch command): the child is killed when it passes it.
     STDIN is fed as input; STDIN_FROM is a file (another child's pipe) read instead; with neither the child
     reads /dev/null, so it never waits on a terminal. BINARY: stdout is bytes (a file's content), stderr text.
-    DIES_WITH: the signal the child gets when envport dies (`dies_with_parent`)."""
+    DIES_WITH: the signal the child gets when envport dies (`dies_with_parent`). PASS_FDS: descriptors the
+    child inherits at the same numbers (an open SIF it reads as /proc/self/fd/N)."""
     argv = [str(a) for a in argv]
     text = not binary and not isinstance(stdin, bytes)
     try:
         p = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, cwd=cwd,
                            env=dict(env) if env is not None else None,
                            stdin=None if stdin is not None else (stdin_from or subprocess.DEVNULL),
-                           text=text, errors=errors if text else None,
+                           text=text, errors=errors if text else None, pass_fds=tuple(pass_fds),
                            preexec_fn=dies_with_parent(dies_with) if dies_with is not None else None)
     except FileNotFoundError:
         return Ran(None, why=f"{argv[0]}: not found")
@@ -68,16 +70,16 @@ def spawn(argv: Sequence[str], *, cwd: Optional[PathLike] = None, env: Optional[
           stdin: Union[int, IO] = subprocess.DEVNULL, stdout: Union[int, IO] = subprocess.PIPE,
           stderr: Union[int, IO, None] = subprocess.STDOUT,
           text: bool = False, errors: Optional[str] = None, dies_with: Optional[int] = None,
-          new_session: bool = False) -> subprocess.Popen:
+          new_session: bool = False, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """ARGV started, for the caller to stream (a build's log, a tar into ssh) and wait on. By default it
     reads /dev/null and its stderr joins its stdout, so a log is read in the order it was written; STDIN,
     STDOUT and STDERR also take a file (a mount holder's stderr kept for its error message).
     DIES_WITH: as for `run`. NEW_SESSION: a Ctrl-C at the terminal reaches envport alone, which stops the
-    child in order. Raises OSError when ARGV cannot start (the caller names the tool)."""
+    child in order. PASS_FDS: as for `run`. Raises OSError when ARGV cannot start (the caller names the tool)."""
     return subprocess.Popen([str(a) for a in argv], cwd=cwd, env=dict(env) if env is not None else None,
                             stdin=stdin, stdout=stdout, stderr=stderr, text=text or None, errors=errors,
                             preexec_fn=dies_with_parent(dies_with) if dies_with is not None else None,
-                            start_new_session=new_session)
+                            start_new_session=new_session, pass_fds=tuple(pass_fds))
 
 
 def stream_lines(proc: subprocess.Popen, on_line: Callable[[str], None], grace_s: float = 20) -> int:

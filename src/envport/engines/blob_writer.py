@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 
-from envport.core.mounts import MOUNTINFO, inside, mounts
+from envport.core.files import fs_type
 
 BLOCK = 4 << 20  # a multiple of every logical block size O_DIRECT asks alignment to
 BUFFERS = 8
@@ -34,21 +34,6 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs"})
-
-
-def fs_type(path: os.PathLike, mountinfo: str = MOUNTINFO) -> str:
-    """The type of the file system PATH is on (the mount with the longest matching mount point); "" when
-    the mount table cannot be read."""
-    real = os.path.realpath(path)
-    try:
-        table = mounts(mountinfo)
-    except OSError:
-        return ""
-    best, kind = "", ""
-    for mount in table:
-        if inside(real, mount.point) and len(mount.point) >= len(best):
-            best, kind = mount.point, mount.fs_type
-    return kind
 
 
 def open_new(path: os.PathLike) -> int:

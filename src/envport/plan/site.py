@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from envport.core import secrets
 from envport.core.errors import EnvportError, Problem, SpecError
 from envport.spec.model import IMAGE_RE, FindLinkList, Line, Url, UrlList
-from envport.spec.yamlfile import load_model, read_bytes
+from envport.spec.yamlfile import RawSpec, read_bytes, read_mapping, validate
 from envport.plan.steps import BaseStep, CaStep, PipStep, Plan, pip_source_args
 
 SITES_DIR = "sites"
@@ -120,7 +120,7 @@ class TrustPolicy(NamedTuple):
 
 
 # Once a site asks for signed SIFs this process keeps asking (a later site cannot loosen it): one policy for
-# every SIF mount and run (engines/sif_run.py `admit`), however many profiles a command reads.
+# every SIF mount and run (sif/run.py `admit`), however many profiles a command reads.
 _active: dict = {"require_signed": False, "keys": ()}
 
 
@@ -194,8 +194,10 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
         if ref == DEFAULT_SITE:
             return Site(name=DEFAULT_SITE)
         raise EnvportError(f"site profile {path} not found; create it or pass --site local")
-    site = load_model(path, Site, "site profile", "sites/local.yaml")
+    raw = read_mapping(path, "site profile", "sites/local.yaml")
+    site = validate(raw, raw.data, Site, str(path))
     site._source = str(path)
+    _check_trust_keys(site, raw)
     # A token in a pip URL (https://user:TOKEN@host/simple) is a configured secret: never printed.
     secrets.register(secrets.url_password(u) for u in (site.pip.index_url, *site.pip.extra_index_urls,
                                                        *site.pip.find_links))
@@ -203,6 +205,28 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
         _active["require_signed"] = True
     _active["keys"] = tuple(dict.fromkeys((*_active["keys"], *site.trust_keys())))
     return site
+
+
+def _check_trust_keys(site: Site, raw: RawSpec) -> None:
+    """Each trust.keys file that exists is a regular file of at most MAX_KEY_BYTES, judged by stat (never
+    blocks): a FIFO there would hang every SIF check, `/dev/zero` would be read without end. A missing one is
+    left to the check that reads it (sif/keys.py names it then). Exit 2, naming the site file and line."""
+    from envport.core.smallfile import MAX_KEY_BYTES, MIB, problem
+
+    problems = []
+    for i, (given, path) in enumerate(zip(site.trust.keys, site.trust_keys())):
+        try:
+            why = problem(os.stat(path), MAX_KEY_BYTES)
+        except OSError:
+            continue
+        if why:
+            listed = "" if path == given else f" (listed as {given})"
+            problems.append(Problem(str(site._source), raw.lines.get(("trust", "keys")), f"trust.keys[{i}]",
+                                    f"{path}: {why}, not a key file{listed}; expected a PEM public key file, a "
+                                    f"regular file of at most {MAX_KEY_BYTES // MIB} MiB",
+                                    "list the public key file itself (e.g. keys/site.pub.pem)"))
+    if problems:
+        raise SpecError(problems)
 
 
 def ca_certificates(path: str, source: str) -> bytes:

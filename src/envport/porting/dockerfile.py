@@ -22,7 +22,9 @@ from envport.core.nesting import too_deep
 from envport.porting.context import BuildContext
 from envport.porting.envvars import add_env, substitute, too_long
 from envport.porting.report import DROPPED, REPORTED, Draft, turned_into
-from envport.porting.shell import ShellContext, handle, python_variable
+from envport.porting.shell.commands import handle
+from envport.porting.shell.context import ShellContext
+from envport.porting.shell.python import python_variable
 from envport.porting.source import ImportRefused
 
 # BuildKit's here-document: `<<EOF`, `<<-EOF`, `<<"EOF"`.

@@ -12,7 +12,9 @@ import re
 from typing import Optional
 
 from envport.porting.report import REPORTED, Draft, turned_into
-from envport.porting.shell import BASH_ONLY, ShellContext, handle
+from envport.porting.shell.commands import handle
+from envport.porting.shell.context import ShellContext
+from envport.porting.shell.kept import BASH_ONLY
 
 OPEN = re.compile(r"(?:^|[;&|]\s*|\bthen\s+|\bdo\s+|\belse\s+)(if|for|while|until|case|select)\b")
 CLOSE = re.compile(r"(?:^|[;&|]\s*)(fi|done|esac)\b")

@@ -1,6 +1,6 @@
 """Weights a recipe downloaded during its build, made real `weight_dirs` entries where that is safe.
 
-The shell reader suggests one entry per download (porting/shell.py `_suggest_weights`): its `path` is
+The shell reader suggests one entry per download (porting/shell/weights.py `suggest_weights`): its `path` is
 where the recipe put the files, its `source` the recipe's own command. `envport weights fetch` runs a
 `source` on the host with `ENVPORT_WEIGHT_DIR` set to the weight's folder, so the recipe's absolute
 folder (`-P /opt/esm/checkpoints`) would write outside it, as root on a CI host. An entry is written

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import struct
 
-from envport.engines.sif import SifError
-from envport.engines.sif_header import DESCRIPTOR, HEADER
+from envport.sif.format import SifError
+from envport.sif.header import DESCRIPTOR, HEADER
 from envport.sif.image import RawImage
 
 # The header's int64 fields from `created` on, and where they start.

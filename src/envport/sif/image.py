@@ -1,9 +1,10 @@
 """A SIF's header and descriptor table as raw fields: what signatures cover and what signing rewrites.
 
-engines/sif.py reads a SIF for people (checked, named fields); a signature
+sif/format.py reads a SIF for people (checked, named fields); a signature
 covers fields it drops (uid, gid, the whole Extra, the raw group and link
-words), so this module keeps every field of every used slot, read after
-engines.sif.read_sif has checked the file (one reader decides what is a SIF).
+words), so this module keeps every field of every used slot, parsed from the
+very bytes sif.format.read_sif read and judged (one reader decides what is a
+SIF, and both views are of one read of one open file).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from envport.engines.sif import DATATYPE_NAMES, GROUP_MASK, SifError, read_sif
-from envport.engines.sif_header import DESCRIPTOR, HEADER
+from envport.sif.format import DATATYPE_NAMES, GROUP_MASK, SifInfo, read_sif
+from envport.sif.handle import SifFile
+from envport.sif.header import DESCRIPTOR, HEADER
 
 HEADER_FIELDS = ("launch", "magic", "version", "arch", "uuid", "created", "modified", "descriptors_free",
                  "descriptors_total", "descriptors_offset", "descriptors_size", "data_offset", "data_size")
@@ -53,6 +55,7 @@ class RawDescriptor:
 @dataclass(frozen=True)
 class RawImage:
     path: str
+    file: SifFile  # the open file the table was read from: objects are read and hashed through it
     file_size: int
     header: dict  # HEADER_FIELDS -> value
     descriptors: tuple[RawDescriptor, ...]  # used slots only, in slot order
@@ -65,22 +68,16 @@ class RawImage:
         return next((d for d in self.descriptors if d.id == object_id), None)
 
 
-def read_raw(path: str | os.PathLike) -> RawImage:
-    """Every field of the header and of each used descriptor; raises SifError (engines/sif.py) on a bad file."""
-    info = read_sif(path)  # the checks: magic, version, table and every object inside the file
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(HEADER.size)
-            fh.seek(info.descriptors_offset)
-            table = fh.read(info.descriptors_size)
-    except OSError as exc:
-        raise SifError("unreadable", f"{path}: read failed ({exc.strerror})") from None
-    header = dict(zip(HEADER_FIELDS, HEADER.unpack(head)))
+def read_raw(source: "str | os.PathLike | SifFile | SifInfo") -> RawImage:
+    """Every field of the header and of each used descriptor; raises SifError (sif/format.py) on a bad file.
+    SOURCE: a SifInfo already read (its bytes are parsed again, nothing is reread), an open file or a path."""
+    info = source if isinstance(source, SifInfo) else read_sif(source)
+    header = dict(zip(HEADER_FIELDS, HEADER.unpack(info.header_raw)))
     used, free = [], None
-    for slot, fields in enumerate(DESCRIPTOR.iter_unpack(table)):
+    for slot, fields in enumerate(DESCRIPTOR.iter_unpack(info.table_raw)):
         d = RawDescriptor(slot, *fields)
         if d.used:
             used.append(d)
         elif free is None:
             free = slot
-    return RawImage(str(path), info.file_size, header, tuple(used), free)
+    return RawImage(info.path, info.file, info.file_size, header, tuple(used), free)

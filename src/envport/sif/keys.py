@@ -6,6 +6,11 @@ message; Ed25519 -> pure Ed25519. The hash is SHA-256 unless the signature
 descriptor says another (apptainer signs with SHA-256). A key's id is
 OpenSSH's fingerprint, `SHA256:` + unpadded base64 of sha256 of its SSH wire
 encoding: apptainer's verifier skips a signature whose keyid names another key.
+
+A key file is read as a regular file of at most MAX_KEY_BYTES, opened without blocking
+(core/smallfile.py): `--key /dev/zero`, a FIFO or a directory is a `bad_key` naming the file and what
+it is, never a hang or a read without end. PGP keyrings (sif/pgp.py) and a site's `trust.keys`
+(plan/site.py) are held to the same rule.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from envport.core.errors import ReasonError
+from envport.core.smallfile import MAX_KEY_BYTES, MIB, NotASmallFile, read_small
 
 CURVES = (ec.SECP224R1, ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
 MIN_RSA_BITS = 1024
@@ -82,17 +88,22 @@ def _check_type(path: str, key) -> None:
     raise KeyFileError("bad_key", f"{path}: a {type(key).__name__} key; apptainer signs with {KEY_HELP}")
 
 
-def _read(path: str | Path) -> bytes:
+def read_key_file(path: str | Path, what: str = "key") -> bytes:
+    """The bytes of the key file PATH (a regular file of at most MAX_KEY_BYTES, read without blocking), or
+    KeyFileError `bad_key` naming it and what it is instead. WHAT: "key", "PGP keyring"."""
     try:
-        return Path(path).read_bytes()
+        return read_small(path, MAX_KEY_BYTES)
+    except NotASmallFile as exc:
+        raise KeyFileError("bad_key", f"{path}: {exc}, not a {what} file; give the {what} file itself, a "
+                                   f"regular file of at most {MAX_KEY_BYTES // MIB} MiB") from None
     except OSError as exc:
-        raise KeyFileError("bad_key", f"{path}: cannot read the key file ({exc.strerror})") from None
+        raise KeyFileError("bad_key", f"{path}: cannot read the {what} file ({exc.strerror})") from None
 
 
 def load_public_key(path: str | Path) -> PublicKey:
     """A PEM `PUBLIC KEY` (PKIX) or `RSA PUBLIC KEY` file; a private key's public half also serves. Of a file
     holding several PEM blocks only the first counts, as apptainer reads it (cryptography does the same)."""
-    data = _read(path)
+    data = read_key_file(path)
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm) as exc:
@@ -107,7 +118,7 @@ def load_public_key(path: str | Path) -> PublicKey:
 def load_private_key(path: str | Path) -> PrivateKey:
     """A PEM private key without a passphrase (PKCS#8, or the traditional RSA/EC forms)."""
     try:
-        key = serialization.load_pem_private_key(_read(path), password=None)
+        key = serialization.load_pem_private_key(read_key_file(path), password=None)
     except TypeError:
         raise KeyFileError("bad_key", f"{path}: the key has a passphrase; envport signs with an unencrypted key "
                                    "(`openssl pkey -in KEY -out plain.pem`, kept mode 0600)") from None

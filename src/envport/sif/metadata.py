@@ -27,7 +27,6 @@ HASH_CODES = {"sha256": 1, "sha384": 2, "sha512": 3}
 HASH_NAMES = {code: name for name, code in HASH_CODES.items()} | {4: "blake2s", 5: "blake2b"}
 
 SIGNED_DESCRIPTOR = struct.Struct("<i?IIqqqq128s384s")  # 557 bytes
-HASH_CHUNK = 4 << 20
 
 
 def header_bytes(image: RawImage) -> bytes:
@@ -41,19 +40,10 @@ def descriptor_bytes(d: RawDescriptor, relative_id: int) -> bytes:
                                   d.name, d.extra)
 
 
-def object_digest(path: str, d: RawDescriptor, hash_name: str) -> str:
-    """The digest of the object's bytes [offset, offset+size), read in chunks (a partition is GBs)."""
-    h = hashlib.new(hash_name)
-    with open(path, "rb") as fh:
-        fh.seek(d.offset)
-        left = d.size
-        while left:
-            chunk = fh.read(min(left, HASH_CHUNK))
-            if not chunk:
-                break  # read_raw checked every object lies inside the file; a shrinking file digests short
-            h.update(chunk)
-            left -= len(chunk)
-    return f"{hash_name}:{h.hexdigest()}"
+def object_digest(image: RawImage, d: RawDescriptor, hash_name: str) -> str:
+    """The digest of the object's bytes [offset, offset+size), read in chunks from the image's open file (a
+    partition is GBs: the file keeps each digest, so the content check does not hash it again)."""
+    return f"{hash_name}:{image.file.digest(d.offset, d.size, hash_name)}"
 
 
 def digest(data: bytes, hash_name: str) -> str:
@@ -66,7 +56,7 @@ def image_metadata(image: RawImage, objects: list[RawDescriptor], hash_name: str
     doc = {"version": 1, "header": {"digest": digest(header_bytes(image), hash_name)},
            "objects": [{"relativeId": d.id - base,
                         "descriptorDigest": digest(descriptor_bytes(d, d.id - base), hash_name),
-                        "objectDigest": object_digest(image.path, d, hash_name)} for d in objects]}
+                        "objectDigest": object_digest(image, d, hash_name)} for d in objects]}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -121,7 +111,7 @@ def compare(image: RawImage, objects: list[RawDescriptor], payload: bytes) -> li
         if digest(descriptor_bytes(d, rel), dname) != f"{dname}:{dvalue}":
             out.append(Mismatch("descriptor", d.id, f"the descriptor of object {d.id} ({d.kind}) changed "
                                                     "(type, link, size, ctime, uid, gid, name or extra)"))
-        if object_digest(image.path, d, oname) != f"{oname}:{ovalue}":
+        if object_digest(image, d, oname) != f"{oname}:{ovalue}":
             out.append(Mismatch("object", d.id, f"the data of object {d.id} ({d.kind}, bytes "
                                                 f"{d.offset}..{d.end}) changed"))
     return out

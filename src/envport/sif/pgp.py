@@ -6,7 +6,9 @@ signature's data is an OpenPGP clear-signed message whose plaintext is the
 payload JSON; the descriptor's entity holds the signer's primary key
 fingerprint. gpg runs with the caller's GNUPGHOME (signing) or a private
 temporary one holding only the keys given (verifying), never the user's
-default keyring for a check.
+default keyring for a check. A keyring file is read by envport (sif/keys.py `read_key_file`: a regular
+file of at most 1 MiB, opened without blocking) and handed to gpg on its stdin, so a FIFO or
+`/dev/zero` named as a keyring is a `bad_key`, never a gpg that waits or reads without end.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 from envport.core.errors import ReasonError
 from envport.core.proc import run
+from envport.sif.dsse import MAX_DEPTH, json_depth
+from envport.sif.keys import KeyFileError, read_key_file
 
 CLEARSIGN_START = b"-----BEGIN PGP SIGNED MESSAGE-----"
 LEGACY_PREFIX = b"SIFHASH:"
@@ -59,14 +63,16 @@ def clearsign(payload: bytes, fingerprint: str) -> bytes:
 
 def plaintext(data: bytes) -> bytes | None:
     """The signed text of a clear-signed message (RFC 4880 7.1: dash-escapes undone, the last line break not
-    part of it); None when DATA is not one."""
+    part of it); None when DATA is not one, or when its text nests JSON deeper than any SIF metadata (crafted:
+    the text is parsed whether or not a key verified it, sif/dsse.py `json_depth`)."""
     if not data.startswith(CLEARSIGN_START):
         return None
     head, sep, rest = data.partition(b"\n\n")
     body, sep2, _ = rest.partition(b"\n-----BEGIN PGP SIGNATURE-----")
     if not sep or not sep2:
         return None
-    return b"\n".join(line[2:] if line.startswith(b"- ") else line for line in body.split(b"\n"))
+    text = b"\n".join(line[2:] if line.startswith(b"- ") else line for line in body.split(b"\n"))
+    return None if json_depth(text) > MAX_DEPTH else text
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,11 @@ def verify(data: bytes, keyring_files: list[str]) -> PgpCheck:
     try:
         gpg = gpg_path()
         for f in keyring_files:
-            got = run([gpg, "--batch", "--import", f], env=env, timeout=GPG_TIMEOUT)
+            try:
+                ring = read_key_file(f, "PGP keyring")
+            except KeyFileError as exc:
+                raise PgpError(exc.reason, exc.message) from None
+            got = run([gpg, "--batch", "--import"], stdin=ring, env=env, timeout=GPG_TIMEOUT)
             if not got.ok:
                 raise PgpError("bad_key", f"{f}: gpg cannot import it as a public key: {got.text.strip()[-200:]}")
         got = run([gpg, "--batch", "--status-fd", "1", "--verify"], stdin=data.decode("utf-8", "replace"),

@@ -13,7 +13,11 @@ the ones syft reads too:
   site-packages (the venv envport makes, /opt/envport/venv in containers;
   without one, the tree's python3 site- and dist-packages), as
   `pkg:pypi/NAME@VERSION`: what that interpreter's `pip list` shows. Debian's
-  own python3-* packages are already listed as deb components.
+  own python3-* packages are already listed as deb components. A METADATA whose
+  Name pip would not accept (PEP 508: letters, digits, `.`, `_`, `-`; so no
+  `../../../etc/passwd`, no terminal escapes) or whose Version is no PEP 440
+  version is no component: it is skipped, counted and named (escaped) on stderr
+  and in the SBOM's `envport:skipped` property.
 
 The tree may come from an image nobody vouched for: no symlink inside it is
 followed (a `var/lib/dpkg/status` pointing at the host's /etc/shadow is read
@@ -34,8 +38,10 @@ import dataclasses
 import email.parser
 import errno
 import os
+import re
 import stat
 import struct
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -53,6 +59,8 @@ SBOM_DATATYPE = 0x4009
 SBOM_FORMAT_CYCLONEDX_JSON = 1
 SBOM_NAME = "sbom.cdx.json"
 SERIAL_NAMESPACE = uuid.UUID("6f3c1a52-0b8e-4e39-9c1d-2f1e6b0e7a11")  # envport's, for uuid5 serial numbers
+# PEP 508's distribution name, as pip and packaging accept it (packaging's canonical form names the purl).
+DIST_NAME_RE = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, order=True)
@@ -73,6 +81,7 @@ class EnvFacts:
     target: str
     lock: Optional[str] = None  # "specs/x.lock sha256:..." or None: no lock, or not known
     created: Optional[datetime] = None
+    skipped: tuple[str, ...] = ()  # "WHERE: why" of each distribution read but not listed (`unaccepted`)
 
 
 class UnsafeTree(Exception):
@@ -173,9 +182,29 @@ def site_dirs(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> l
     return [d.relative_to(tree).parts for d in dirs]
 
 
-def python_distributions(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> list[Package]:
+def unaccepted(name: str, version: str) -> Optional[str]:
+    """Why pip would not accept a distribution of this METADATA Name and Version (escaped), or None."""
+    from packaging.version import InvalidVersion, Version
+
+    from envport.core.untrusted import shown
+
+    if not DIST_NAME_RE.match(name):
+        return f"Name '{shown(name, 80)}' is no distribution name (PEP 508: letters, digits, '.', '_', '-')"
+    try:
+        Version(version)
+    except InvalidVersion:
+        return f"Version '{shown(version, 80)}' of {name} is no PEP 440 version"
+    return None
+
+
+def python_distributions(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV,
+                         skipped: Optional[list[str]] = None) -> list[Package]:
+    """The distributions of the env's site-packages; one whose name or version pip would not accept is left
+    out, and "WHERE: why" (escaped) appended to SKIPPED."""
     from packageurl import PackageURL
     from packaging.utils import canonicalize_name
+
+    from envport.core.untrusted import shown
 
     found = []
     parser = email.parser.BytesHeaderParser()
@@ -196,15 +225,29 @@ def python_distributions(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER
             name, version = meta.get("Name"), meta.get("Version")
             if not name or not version:
                 continue
+            name, version, where = str(name).strip(), str(version).strip(), "/".join((*parts, entry, "METADATA"))
+            why = unaccepted(name, version)
+            if why is not None:
+                if skipped is not None:
+                    skipped.append(f"{shown(where)}: {why}")
+                continue
             purl = PackageURL("pypi", None, canonicalize_name(name), version).to_string()
-            found.append(Package(purl, "pypi", name, version, "/".join((*parts, entry, "METADATA"))))
+            found.append(Package(purl, "pypi", name, version, where))
     return sorted(set(found))
 
 
-def read_tree(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> list[Package]:
-    """Every Debian package and Python distribution TREE holds, sorted by purl."""
+def read_tree(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV,
+              skipped: Optional[list[str]] = None) -> list[Package]:
+    """Every Debian package and Python distribution TREE holds, sorted by purl (SKIPPED: python_distributions)."""
     tree = Path(tree)
-    return sorted(debian_packages(tree) + python_distributions(tree, venv))
+    return sorted(debian_packages(tree) + python_distributions(tree, venv, skipped))
+
+
+def skipped_note(skipped) -> str:
+    """One line for people and for the SBOM: how many distributions were left out, and each, escaped."""
+    n = len(skipped)
+    return (f"{n} Python distribution{'s' if n != 1 else ''} whose METADATA name or version pip would not accept, "
+            f"not listed: " + "; ".join(skipped))
 
 
 def build_bom(packages: list[Package], facts: EnvFacts):
@@ -227,6 +270,8 @@ def build_bom(packages: list[Package], facts: EnvFacts):
              Property(name="envport:target", value=facts.target),
              Property(name="envport:lock", value=facts.lock or "none"),
              Property(name="envport:version", value=__version__)]
+    if facts.skipped:
+        props.append(Property(name="envport:skipped", value=skipped_note(facts.skipped)))
     for prop in props:
         bom.metadata.properties.add(prop)
     comps = []
@@ -274,7 +319,8 @@ def to_spdx_json(packages: list[Package], facts: EnvFacts) -> str:
                         [Actor(ActorType.TOOL, f"envport-{__version__}")], created)
     env = SpdxPackage("SPDXRef-env", facts.name, SpdxNoAssertion(), version=facts.hash[:12], files_analyzed=False,
                       comment=f"envport:hash {facts.hash}; envport:target {facts.target}; "
-                      f"envport:lock {facts.lock or 'none'}")
+                      f"envport:lock {facts.lock or 'none'}"
+                      + (f"; envport:skipped {skipped_note(facts.skipped)}" if facts.skipped else ""))
     pkgs = [SpdxPackage(f"SPDXRef-{p.kind}-{i}", p.name, SpdxNoAssertion(), version=p.version, files_analyzed=False,
                         source_info=f"read from {p.where}", external_references=[
                             ExternalPackageRef(ExternalPackageRefCategory.PACKAGE_MANAGER, "purl", p.purl)])
@@ -297,7 +343,11 @@ def make_sbom(tree: Path, facts: EnvFacts, venv: Optional[tuple[str, ...]] = CON
               fmt: str = "cyclonedx") -> tuple[str, list[Package]]:
     """The SBOM of TREE as JSON text, and the packages in it. Without a created time of the env's own, the
     newest of the files it was read from (not the clock: the same tree gives the same bytes)."""
-    packages = read_tree(tree, venv)
+    skipped: list[str] = []
+    packages = read_tree(tree, venv, skipped)
+    if skipped:
+        facts = dataclasses.replace(facts, skipped=tuple(skipped))
+        print(f"envport: sbom: skipped {skipped_note(skipped)}", file=sys.stderr)
     if facts.created is None:
         newest = max((os.lstat(tree / p.where).st_mtime for p in packages), default=0)
         facts = dataclasses.replace(facts, created=timestamp(newest))
@@ -305,15 +355,15 @@ def make_sbom(tree: Path, facts: EnvFacts, venv: Optional[tuple[str, ...]] = CON
     return text, packages
 
 
-def sif_sbom(path: Path, facts: EnvFacts, fmt: str = "cyclonedx", *,
-             own_build: bool = False) -> tuple[str, list[Package]]:
-    """The SBOM of the SIF at PATH, read from its primary partition mounted read-only, nosuid, nodev
-    (engines/sif_run.mounted; OWN_BUILD: a build's own partial, see there): `envport sbom FILE.sif` and the
-    apptainer-binary build route (builders/apptainer/binary.py) both read a SIF's content through this.
-    SifError when PATH is no usable SIF, MountError when its partition cannot be mounted here (`mount_fix`)."""
-    from envport.engines.sif_run import mounted
+def sif_sbom(source, facts: EnvFacts, fmt: str = "cyclonedx") -> tuple[str, list[Package]]:
+    """The SBOM of SOURCE, read from its primary partition mounted read-only, nosuid, nodev: a Gated SIF
+    (sif/gate.py: `envport sbom FILE.sif`, its partition mounted from the open file the gate judged), or the
+    Path of a build's own partial (sif/run.py `mounted_own_build`: the apptainer-binary build route,
+    builders/apptainer/binary.py).  SifError when it is no usable SIF, MountError when its partition cannot
+    be mounted here (`mount_fix`)."""
+    from envport.sif.run import mounted, mounted_own_build
 
-    with mounted(path, own_build=own_build) as tree:
+    with (mounted_own_build(source) if isinstance(source, Path) else mounted(source)) as tree:
         return make_sbom(tree, facts, CONTAINER_VENV, fmt)
 
 
@@ -325,20 +375,19 @@ def embed_sbom(sif: Path, loaded, site, hash_: str, created: int, say: Callable[
     one SIF's own partition mounted (`sif_sbom`: the apptainer-binary route, builders/apptainer/binary.py).
     CREATED: the SBOM's timestamp and the object's time (the SIF header's created time)."""
     facts = EnvFacts(loaded.spec.name, hash_, "apptainer", lock=lock_fact(loaded, site), created=timestamp(created))
-    text, packages = make_sbom(rootfs, facts) if rootfs is not None else sif_sbom(sif, facts, own_build=True)
+    text, packages = make_sbom(rootfs, facts) if rootfs is not None else sif_sbom(Path(sif), facts)
     append_to_sif(sif, text.encode("utf-8"), when=created)
     say(f"SBOM: {len(packages)} components (CycloneDX, SIF object {SBOM_NAME})")
     return len(packages)
 
 
-def sif_facts(path: Path, lock: Optional[str] = None) -> EnvFacts:
-    """What the SIF at PATH says it is: its envport.name / envport.hash labels (unsigned claims; its stem and
-    `unknown` without them), LOCK, and the SIF header's created time."""
-    from envport.engines.sif import read_sif, sif_labels
+def sif_facts(info, lock: Optional[str] = None) -> EnvFacts:
+    """What the SIF INFO (sif/format.py, as read) says it is: its envport.name / envport.hash labels
+    (unsigned claims; its stem and `unknown` without them), LOCK, and the SIF header's created time."""
+    from envport.sif.format import sif_labels
 
-    info = read_sif(path)
     labels = sif_labels(info)
-    return EnvFacts(labels.get("envport.name", Path(path).stem), labels.get("envport.hash", "unknown"), "apptainer",
+    return EnvFacts(labels.get("envport.name", Path(info.path).stem), labels.get("envport.hash", "unknown"), "apptainer",
                     lock=lock, created=timestamp(info.created))
 
 
@@ -347,7 +396,7 @@ def mount_fix(unreadable: str) -> str:
     fusermount is missing, else UNREADABLE (the tools are there: the partition itself is at fault)."""
     import shutil
 
-    from envport.engines.sif_run import squashfuse
+    from envport.sif.run import squashfuse
 
     if shutil.which(squashfuse()) is None or not (shutil.which("fusermount3") or shutil.which("fusermount")):
         return "install squashfuse and fuse3 (apt-get install squashfuse fuse3), or run as root (a read-only loop mount)"
@@ -389,7 +438,7 @@ def append_to_sif(path: Path, data: bytes, when: Optional[int] = None) -> None:
     write_sif's objects (builders/apptainer/builder.py) or `apptainer build` (binary.py), before the rename
     and before signing."""
     import time
-    from envport.engines.sif import (DESCRIPTOR, GROUP_MASK, HEADER, SifError, primary_partition, read_sif)
+    from envport.sif.format import (DESCRIPTOR, GROUP_MASK, HEADER, SifError, primary_partition, read_sif)
 
     info = read_sif(path)
     if info.descriptors_free < 1:

@@ -14,7 +14,7 @@ import struct
 import time as _time
 from dataclasses import dataclass
 
-from envport.engines.sif import DATA_SIGNATURE, GROUP_MASK, SifError
+from envport.sif.format import DATA_SIGNATURE, GROUP_MASK, SifError
 from envport.sif import dsse, keys, metadata, pgp
 from envport.sif.append import append_object
 from envport.sif.image import RawImage, read_raw

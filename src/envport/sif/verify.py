@@ -25,11 +25,10 @@ signatures are listed and the verdict is `unchecked`: nothing is claimed.
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import asdict, dataclass, field
 
-from envport.engines.sif import DATA_SIGNATURE, GROUP_MASK
+from envport.sif.format import DATA_SIGNATURE, GROUP_MASK
 from envport.sif import dsse, keys as keymod, metadata, pgp
 from envport.sif.image import RawDescriptor, RawImage, read_raw
 
@@ -63,6 +62,9 @@ class SignatureReport:
     groups: tuple[int, ...]  # the image's object groups
     verdict: str  # verified | bad_signature | untrusted_signer | unsigned | unchecked
     problems: tuple[str, ...] = field(default=())  # every reason the verdict is not `verified`, for people
+    # The objects, by ID, whose descriptor and bytes a verified signature covers (read_sif refused a table
+    # naming one ID twice, so an ID is one descriptor: the gate mounts the partition only if it is here).
+    signed_ids: frozenset = field(default=frozenset())
 
     @property
     def ok(self) -> bool:
@@ -96,9 +98,7 @@ def _form(data: bytes) -> str:
 
 
 def _read(image: RawImage, d: RawDescriptor) -> bytes:
-    with open(image.path, "rb") as fh:
-        fh.seek(d.offset)
-        return fh.read(d.size)
+    return image.file.read(d.offset, d.size)
 
 
 def _covered_ids(payload: bytes | None, objects: list[RawDescriptor]) -> tuple[int, ...]:
@@ -203,12 +203,13 @@ def _check_one(image: RawImage, d: RawDescriptor, given, keyrings) -> SignatureC
                           by=by, detail=detail)
 
 
-def check_signatures(path: str | os.PathLike, keys: list[keymod.PublicKey] = (),
+def check_signatures(source, keys: list[keymod.PublicKey] = (),
                      pgp_keyrings: list[str] = ()) -> SignatureReport:
-    """Every signature of the SIF at PATH, each checked against KEYS (sif/keys.py `load_public_key`) and the
+    """Every signature of the SIF SOURCE (a path, an open SifFile or a SifInfo already read: then the table it
+    judged is the table checked), each checked against KEYS (sif/keys.py `load_public_key`) and the
     PGP public key files PGP_KEYRINGS, and the image's verdict (module docstring). Raises SifError
-    (engines/sif.py) when PATH is not a readable SIF; PgpError when a PGP check needs gpg and it is absent."""
-    image = read_raw(path)
+    (sif/format.py) when SOURCE is not a readable SIF; PgpError when a PGP check needs gpg and it is absent."""
+    image = read_raw(source)
     checks = tuple(_check_one(image, d, list(keys), list(pgp_keyrings))
                    for d in image.descriptors if d.datatype == DATA_SIGNATURE)
     groups = tuple(sorted({d.group for d in image.descriptors if d.group and d.datatype != DATA_SIGNATURE}))
@@ -229,4 +230,5 @@ def check_signatures(path: str | os.PathLike, keys: list[keymod.PublicKey] = (),
     if not checks and not problems:
         problems.append((UNSIGNED, "the SIF holds no object and no signature"))
     verdict = min((r for r, _ in problems), key=SEVERITY.index, default=VERIFIED)
-    return SignatureReport(str(path), checks, groups, verdict, tuple(m for _, m in problems))
+    signed = frozenset(i for c in checks if c.verdict == VERIFIED for i in c.objects)
+    return SignatureReport(image.path, checks, groups, verdict, tuple(m for _, m in problems), signed)

@@ -38,7 +38,7 @@ class Apptainer(Target):
     def needs(self, req: NeedsRequest) -> list[Need]:
         from envport.builders.apptainer.binary import apptainer_binary
         from envport.builders.apptainer.builder import builder_missing
-        from envport.engines import sif_run
+        from envport.sif import run as sif_run
         from envport.targets.docker import TARGET as docker
 
         out = []
@@ -112,14 +112,16 @@ class Apptainer(Target):
 
     def probe(self, run, where, names, site=None, host=None):
         """Inside the SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""
-        from envport.engines import sif_run
+        from envport.sif import run as sif_run
+        from envport.sif.gate import gate
 
+        gated = gate(Path(where))  # SifError, TrustRefused: the parity step says why
         if sif_run.runtime() == "apptainer":
-            return run(sif_run.apptainer_argv(where, ["python3", "-", *names]))
+            return run(sif_run.apptainer_argv(gated, ["python3", "-", *names]))
         missing = sif_run.missing_tools("ch-run")
         if missing:
             return None, f"{', '.join(missing)} not found: the SIF is probed with ch-run where apptainer is absent"
-        with sif_run.mounted(Path(where)) as mnt:
+        with sif_run.mounted(gated) as mnt:
             return run(sif_run.ch_run_argv(str(mnt), ["python3", "-", *names]), env=sif_run.ch_run_env())
 
     def artefacts(self, req: GcRequest):
@@ -144,7 +146,7 @@ class Apptainer(Target):
         return out
 
     def remove(self, art):
-        from envport.builders.apptainer import sif_record
+        from envport.sif import record as sif_record
 
         try:
             os.unlink(art.handle)  # a name in sif_dir: never a link followed, never a folder
@@ -158,7 +160,7 @@ def _not_envports(path: str, st: os.stat_result, name: str, hash12: str) -> str:
     """'' when PATH is a SIF envport built of NAME@HASH12 for this user, else why it is not."""
     import stat
 
-    from envport.builders.apptainer import sif_record
+    from envport.sif import record as sif_record
 
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file (a link or a folder named like a SIF)"
@@ -167,7 +169,7 @@ def _not_envports(path: str, st: os.stat_result, name: str, hash12: str) -> str:
     rec = sif_record.read(path)
     if rec is not None and rec["hash"].startswith(hash12):
         return ""
-    from envport.engines.sif import SifError, read_sif, sif_labels
+    from envport.sif.format import SifError, read_sif, sif_labels
 
     try:
         labels = sif_labels(read_sif(path))

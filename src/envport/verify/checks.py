@@ -203,79 +203,101 @@ def parse_env0(data: bytes) -> dict[bytes, bytes]:
 
 def judge(check: Check, facts: Facts) -> str:
     """Raise CheckFailed (or CheckSkipped) unless the check holds; return what was seen."""
-    kind = check.kind
-    if kind == "system":
-        row = facts.dpkg.get(check.key)
-        if row is None or row[1] != "installed":
-            raise CheckFailed(f"{check.key} is not installed (dpkg: {row[1] if row else 'unknown package'})")
-        if check.expected and row[0] != check.expected:
-            raise CheckFailed(f"{check.key} is {row[0]}, the spec pins {check.expected}")
-        return row[0]
-    if kind == "pip":
-        have = facts.pip.get(check.key)
-        if have is None:
-            raise CheckFailed(f"{check.key} is not installed (pip list in {facts.venv} has no {check.key})")
-        try:
-            ok = SpecifierSet(check.expected).contains(Version(have), prereleases=True)
-        except InvalidVersion:
-            ok = False
-        if not ok:
-            raise CheckFailed(f"{check.key} {have} is installed, the last phase naming it asks {check.expected}")
+    judge_kind = JUDGES.get(check.kind)
+    if judge_kind is None:
+        raise ValueError(f"unknown check kind {check.kind!r}")
+    return judge_kind(check, facts)
+
+
+# One judge per check kind: (check, facts) -> what was seen, or CheckFailed / CheckSkipped.
+def _judge_system(check: Check, facts: Facts) -> str:
+    row = facts.dpkg.get(check.key)
+    if row is None or row[1] != "installed":
+        raise CheckFailed(f"{check.key} is not installed (dpkg: {row[1] if row else 'unknown package'})")
+    if check.expected and row[0] != check.expected:
+        raise CheckFailed(f"{check.key} is {row[0]}, the spec pins {check.expected}")
+    return row[0]
+
+
+def _judge_pip(check: Check, facts: Facts) -> str:
+    have = facts.pip.get(check.key)
+    if have is None:
+        raise CheckFailed(f"{check.key} is not installed (pip list in {facts.venv} has no {check.key})")
+    try:
+        ok = SpecifierSet(check.expected).contains(Version(have), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise CheckFailed(f"{check.key} {have} is installed, the last phase naming it asks {check.expected}")
+    return have
+
+
+def _judge_pip_ref(check: Check, facts: Facts) -> str:
+    have = facts.pip.get(check.key)
+    if have is None:
+        raise CheckFailed(f"{check.key} is not installed (pip list in {facts.venv} has no {check.key})")
+    if check.expected.startswith("commit:"):
+        want = check.expected.split(":", 1)[1]
+        got = (facts.direct_urls.get(check.key) or {}).get("vcs_info", {}).get("commit_id")
+        if got != want:
+            raise CheckFailed(f"{check.key} {have} was installed from commit {got or '(no direct_url.json)'}, "
+                              f"the spec pins {want}")
+        return f"{have} @ {want[:12]}"
+    return have
+
+
+def _judge_python(check: Check, facts: Facts) -> str:
+    have = facts.python
+    if have.rsplit(".", 1)[0] != check.expected:
+        raise CheckFailed(f"{facts.venv}/bin/python is {have}, the spec says {check.expected}")
+    return have
+
+
+def _judge_env(check: Check, facts: Facts) -> str:
+    have = facts.env.get(check.key.encode())
+    want = check.expected.encode("utf-8")
+    if want.startswith(b"~/") and facts.env.get(b"HOME"):
+        want = facts.env[b"HOME"] + want[1:]  # a weights folder on an SSH host, under its home
+    if have is None:
+        raise CheckFailed(f"{check.key} is not set in the env (expected {want!r})")
+    if have != want:
+        raise CheckFailed(f"{check.key} is {have!r}, expected {want!r}")
+    return have.decode("utf-8", "replace")
+
+
+def _judge_file(check: Check, facts: Facts) -> str:
+    f = facts.host.file(check.key)
+    if not f.exists or not f.is_file:
+        raise CheckFailed(f"{check.key} is missing (or not a regular file)")
+    if not check.expected:
+        raise CheckSkipped(f"{check.key} is there; its bytes were not checked: the spec the SIF embeds "
+                           "names the file, not its bytes (verify in its project to check them)")
+    digest = f.sha256sum
+    if digest != check.expected:
+        raise CheckFailed(f"{check.key} has sha256 {digest}, the spec's file has {check.expected}")
+    mode = "%04o" % f.mode
+    if check.mode and mode != check.mode:
+        raise CheckFailed(f"{check.key} has mode {mode}, expected {check.mode}")
+    return digest
+
+
+def _judge_weight_dir(check: Check, facts: Facts) -> str:
+    out = facts.host.run(f"test -d {shell_path(check.key)}")
+    if out.rc != 0:
+        raise CheckFailed(f"weight folder {check.key} is missing")
+    return "present"
+
+
+def _judge_label(check: Check, facts: Facts) -> str:
+    have = facts.labels.get(check.key)
+    if have == check.expected:
         return have
-    if kind == "pip-ref":
-        have = facts.pip.get(check.key)
-        if have is None:
-            raise CheckFailed(f"{check.key} is not installed (pip list in {facts.venv} has no {check.key})")
-        if check.expected.startswith("commit:"):
-            want = check.expected.split(":", 1)[1]
-            got = (facts.direct_urls.get(check.key) or {}).get("vcs_info", {}).get("commit_id")
-            if got != want:
-                raise CheckFailed(f"{check.key} {have} was installed from commit {got or '(no direct_url.json)'}, "
-                                  f"the spec pins {want}")
-            return f"{have} @ {want[:12]}"
-        return have
-    if kind == "python":
-        have = facts.python
-        if have.rsplit(".", 1)[0] != check.expected:
-            raise CheckFailed(f"{facts.venv}/bin/python is {have}, the spec says {check.expected}")
-        return have
-    if kind == "env":
-        have = facts.env.get(check.key.encode())
-        want = check.expected.encode("utf-8")
-        if want.startswith(b"~/") and facts.env.get(b"HOME"):
-            want = facts.env[b"HOME"] + want[1:]  # a weights folder on an SSH host, under its home
-        if have is None:
-            raise CheckFailed(f"{check.key} is not set in the env (expected {want!r})")
-        if have != want:
-            raise CheckFailed(f"{check.key} is {have!r}, expected {want!r}")
-        return have.decode("utf-8", "replace")
-    if kind == "file":
-        f = facts.host.file(check.key)
-        if not f.exists or not f.is_file:
-            raise CheckFailed(f"{check.key} is missing (or not a regular file)")
-        if not check.expected:
-            raise CheckSkipped(f"{check.key} is there; its bytes were not checked: the spec the SIF embeds "
-                               "names the file, not its bytes (verify in its project to check them)")
-        digest = f.sha256sum
-        if digest != check.expected:
-            raise CheckFailed(f"{check.key} has sha256 {digest}, the spec's file has {check.expected}")
-        mode = "%04o" % f.mode
-        if check.mode and mode != check.mode:
-            raise CheckFailed(f"{check.key} has mode {mode}, expected {check.mode}")
-        return digest
-    if kind == "weight":
-        return _judge_weight(check, facts)
-    if kind == "weight-dir":
-        out = facts.host.run(f"test -d {shell_path(check.key)}")
-        if out.rc != 0:
-            raise CheckFailed(f"weight folder {check.key} is missing")
-        return "present"
-    if kind == "label":
-        have = facts.labels.get(check.key)
-        if have == check.expected:
-            return have
-        if have and facts.foreign_hash_ok:
-            raise CheckSkipped(f"the image was built from another version of the spec ({check.key}={have[:12]}, "
-                               f"spec {check.expected[:12]}); its contents are what was checked")
-        raise CheckFailed(f"image label {check.key} is {have!r}, expected {check.expected}")
-    raise ValueError(f"unknown check kind {kind!r}")
+    if have and facts.foreign_hash_ok:
+        raise CheckSkipped(f"the image was built from another version of the spec ({check.key}={have[:12]}, "
+                           f"spec {check.expected[:12]}); its contents are what was checked")
+    raise CheckFailed(f"image label {check.key} is {have!r}, expected {check.expected}")
+
+
+JUDGES = {"system": _judge_system, "pip": _judge_pip, "pip-ref": _judge_pip_ref, "python": _judge_python,
+          "env": _judge_env, "file": _judge_file, "weight": _judge_weight, "weight-dir": _judge_weight_dir,
+          "label": _judge_label}

@@ -4,16 +4,21 @@ testinfra has no apptainer backend; `SifBackend` is one (~15 lines): each
 command runs as `apptainer exec --cleanenv FILE /bin/sh -c CMD`, or, where
 apptainer is absent, as `ch-run MNT -- /.singularity.d/actions/exec /bin/sh -c
 CMD` on the SIF mounted with squashfuse for the whole session
-(engines/sif_run.py). Either way the image's env scripts are sourced, so env
+(sif/run.py). Either way the image's env scripts are sourced, so env
 vars are what the env's processes see after `%environment`. The labels are
 the SIF's (inspect-metadata.json); the mount is gone afterwards, whatever
 happened (a SIGTERM to envport becomes an interrupt, so the `finally` runs).
+
+Before anything runs the SIF goes through the trust gate and `inspect`'s content checks
+(sif_inspect.admitted): a damaged or tampered file is FAILED, not verified; what is mounted is the open
+file the checks read (sif/run.py `mounted`), never the path again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+from dataclasses import replace
 import json
 import secrets
 import tempfile
@@ -29,8 +34,10 @@ from envport.core.proc import sigterm_interrupts
 from envport.core.progress import Progress
 from envport.core.untrusted import shown
 from envport.core.verdict import StepResult, Verdict
-from envport.engines import sif_run
-from envport.engines.sif import SifError, read_sif, sif_labels
+from envport.sif import run as sif_run
+from envport.builders.apptainer.sif_inspect import admitted
+from envport.sif.format import SifError, sif_labels
+from envport.sif.sbom import mount_fix
 from envport.plan.site import Site
 from envport.plan.steps import CONTAINER_VENV
 from envport.recipe.identity import resolve
@@ -43,8 +50,8 @@ from envport.verify.report import outcome, progress_line
 
 TARGET = "apptainer"
 CONNECTION = "envport-sif"
-# token -> (runtime, sif, mountpoint, weight binds): what a `envport-sif://TOKEN` host runs in.
-_TARGETS: dict[str, tuple[str, str, str, list]] = {}
+# token -> (runtime, the gated SIF, mountpoint, weight binds): what a `envport-sif://TOKEN` host runs in.
+_TARGETS: dict[str, tuple[str, object, str, list]] = {}
 
 
 class SifBackend(base.BaseBackend):
@@ -55,9 +62,9 @@ class SifBackend(base.BaseBackend):
         super().__init__(name, *args, **kwargs)
 
     def run(self, command: str, *args: str, **kwargs: Any) -> base.CommandResult:
-        kind, sif, mnt, binds = _TARGETS[self.name]
+        kind, gated, mnt, binds = _TARGETS[self.name]
         cmd = self.get_command(command, *args)
-        argv = sif_run.apptainer_argv(sif, ["/bin/sh", "-c", cmd], binds=[(s, d, True) for s, d in binds]) \
+        argv = sif_run.apptainer_argv(gated, ["/bin/sh", "-c", cmd], binds=[(s, d, True) for s, d in binds]) \
             if kind == "apptainer" else sif_run.ch_run_argv(mnt, ["/bin/sh", "-c", cmd], binds=binds)
         out = self.run_local(" ".join(["%s"] * len(argv)), *argv)  # each word shell-quoted
         out.command = self.encode(cmd)
@@ -85,22 +92,24 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
     identity = identity or resolve(loaded, site, TARGET).identity
     path = Path(sif) if sif else sif_path(site, root, identity)
     step = f"verify {spec.name}@{identity.hash12} ({TARGET} {path.name})"
-    try:
-        labels = sif_labels(read_sif(path))
-    except SifError as exc:
-        if exc.reason == "not_found":
-            return _refused(step, "sif_missing", exc.message, f"envport build {spec.name} --target apptainer",
-                            start)
-        # A file that is not a usable SIF (cut short, crafted: wrongly typed or deeply nested metadata) is
-        # broken, not a refusal: FAILED with its reason, exit 1.
-        return StepResult(step, Verdict.FAILED, shown(exc.message), reason=exc.reason,
-                          lines=[f"fix: envport inspect {path}"], seconds=time.monotonic() - start)
     kind = sif_run.runtime()
     absent = sif_run.missing_tools(kind)
     if absent:
         pkgs = " ".join(t.split("(")[1].rstrip(")") for t in absent)
         return _refused(step, "missing_tool", f"{', '.join(absent)} not found: verify runs inside the SIF "
                         "with ch-run where apptainer is absent", f"apt-get install {pkgs}", start)
+    # A file that is not a usable SIF (cut short, crafted, corrupt) is broken, not a refusal: FAILED with its
+    # reason, exit 1; the site's trust policy refuses (exit 3).
+    checked = admitted(path, step=step, fix=("the file you named does not exist: check the path given to --sif"
+                                            if sif else f"envport build {spec.name} --target apptainer"))
+    if isinstance(checked, StepResult):
+        return replace(checked, detail=shown(checked.detail), seconds=time.monotonic() - start)
+    gated, _ = checked
+    try:
+        labels = sif_labels(gated.info)
+    except SifError as exc:
+        return StepResult(step, Verdict.FAILED, shown(exc.message), reason=exc.reason,
+                          lines=[f"fix: envport inspect {path}"], seconds=time.monotonic() - start)
     os.environ.setdefault("USER", sif_run.ch_run_env()["USER"])  # ch-run refuses to start without it
     checks = spec_checks(loaded, identity.hash)
     junit = Path(junit) if junit else default_junit(root, spec.name)
@@ -121,11 +130,15 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
                               make_facts=lambda: Facts(_host(token), labels=labels, venv=CONTAINER_VENV,
                                                        foreign_hash_ok=sif is not None),
                               on_result=progress_line(progress))
-        mnt = "" if kind == "apptainer" else str(stack.enter_context(sif_run.mounted(path)))
+        try:
+            mnt = "" if kind == "apptainer" else str(stack.enter_context(sif_run.mounted(gated)))
+        except sif_run.MountError as exc:
+            return StepResult(step, Verdict.FAILED, shown(exc.message), reason=exc.reason,
+                              lines=[f"fix: {mount_fix(f'envport inspect {path}')}"], seconds=time.monotonic() - start)
         # The weights as every run sees them: this host's folders at the spec's paths (mount points
         # the image has: %post made them).
         binds = weights.existing_mounts(spec, weights.weights_root())
-        _TARGETS[token] = (kind, str(path), mnt, binds)
+        _TARGETS[token] = (kind, gated, mnt, binds)
         stack.callback(_TARGETS.pop, token, None)
         progress(f"envport: [verify] {kind} on {path}" + (f" (mounted at {mnt})" if mnt else ""))
         args = pytest_args(tests_root, spec_path, [f"--hosts={CONNECTION}://{token}"], junit, Path(tmp))

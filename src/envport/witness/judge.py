@@ -201,11 +201,7 @@ def _placement(ranks: dict) -> list[tuple[tuple, list[int]]]:
 
 def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[StepResult]:
     group = next((r for r in records if r["check"] == "group"), None)
-    stack_lines: list[str] = []
-    if group and group.get("stacks"):
-        for rank, text in sorted(group["stacks"].items(), key=lambda kv: int(kv[0])):
-            stack_lines.append(f"rank {rank} stack:")
-            stack_lines += [f"  {ln}" for ln in text.splitlines() if ln.strip()]
+    stack_lines = _group_stacks(group)
     out: list[StepResult] = []
     for n, check in enumerate(call.checks):
         step = call.step_name(check)
@@ -216,37 +212,12 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
         # import, rendezvous); a check sharing the group adds only its own time.
         secs = launched.seconds if n == 0 else max(
             [float(r.get("seconds") or 0) for r in ranks.values()] or [0.0])
-        any_rec = next(iter(ranks.values()), {})
-        where = f"{any_rec.get('backend', '?')}/{any_rec.get('device', '?')}" if any_rec else "?"
         if not missing and not problems:
-            # Only ops that ran count as exact; a skipped op is named apart.
-            n_ops = len([o for o in any_rec.get("ops") or [] if not o.get("skipped")])
-            skipped = sorted({o["op"] for r in ranks.values() for o in r.get("ops", []) if o.get("skipped")})
-            detail = f"{call.world} ranks on {where}, {n_ops} ops exact on every rank"
-            if skipped:
-                detail += f" (skipped: {', '.join(skipped)})"
-            if call.backend == "nccl" and call.world == 1:
-                detail += f" ({WORLD1_CAVEAT})"
-            placed = _placement(ranks)
-            if placed:
-                detail += "; " + ", ".join(f"{node} (node rank {nr}): ranks {','.join(map(str, rs))}"
-                                           for (nr, node), rs in placed)
-            data = {"ranks": {str(r): {"node": rec.get("node"), "node_rank": rec.get("node_rank"),
-                                       "local_rank": rec.get("local_rank")} for r, rec in sorted(ranks.items())}} \
-                if placed else {}
-            out.append(StepResult(step, Verdict.OK, detail, seconds=secs, data=data))
+            out.append(_dist_ok(call, step, ranks, secs))
             continue
-        if group and group.get("error"):
-            # The group refused before any rank started ("world size 2 needs 2 GPUs, torch sees 1").
-            problems.insert(0, group["error"])
-        elif missing:
-            if group and group.get("note"):
-                problems.insert(0, f"no report from ranks {missing}: {group['note']}")
-            elif group is None:
-                problems.insert(0, f"no report from ranks {missing}; "
-                                   f"{why_missing(launched, call.deadline_s + LAUNCH_MARGIN_S)}")
-            else:
-                problems.insert(0, f"no report from ranks {missing}")
+        head = _group_problem(call, group, missing, launched)
+        if head is not None:
+            problems.insert(0, head)
         detail = problems[0]
         if len(problems) > 1:
             detail += f" (+{len(problems) - 1} more)"
@@ -255,6 +226,52 @@ def _dist_results(call: WitnessCall, records: list[dict], launched) -> list[Step
         lines = problems[1:] + fixes + stack_lines + (_tail(launched, 20 * max(call.world, 2)) if not group else [])
         out.append(StepResult(step, Verdict.FAILED, detail, lines=lines, seconds=secs))
     return out
+
+
+def _group_stacks(group: dict | None) -> list[str]:
+    """Every rank's stack the spawning parent dumped at the deadline, rank by rank."""
+    stack_lines: list[str] = []
+    if group and group.get("stacks"):
+        for rank, text in sorted(group["stacks"].items(), key=lambda kv: int(kv[0])):
+            stack_lines.append(f"rank {rank} stack:")
+            stack_lines += [f"  {ln}" for ln in text.splitlines() if ln.strip()]
+    return stack_lines
+
+
+def _dist_ok(call: WitnessCall, step: str, ranks: dict[int, dict], secs: float) -> StepResult:
+    """Every rank reported and every op was exact: where it ran, and where each rank sat."""
+    any_rec = next(iter(ranks.values()), {})
+    where = f"{any_rec.get('backend', '?')}/{any_rec.get('device', '?')}" if any_rec else "?"
+    # Only ops that ran count as exact; a skipped op is named apart.
+    n_ops = len([o for o in any_rec.get("ops") or [] if not o.get("skipped")])
+    skipped = sorted({o["op"] for r in ranks.values() for o in r.get("ops", []) if o.get("skipped")})
+    detail = f"{call.world} ranks on {where}, {n_ops} ops exact on every rank"
+    if skipped:
+        detail += f" (skipped: {', '.join(skipped)})"
+    if call.backend == "nccl" and call.world == 1:
+        detail += f" ({WORLD1_CAVEAT})"
+    placed = _placement(ranks)
+    if placed:
+        detail += "; " + ", ".join(f"{node} (node rank {nr}): ranks {','.join(map(str, rs))}"
+                                   for (nr, node), rs in placed)
+    data = {"ranks": {str(r): {"node": rec.get("node"), "node_rank": rec.get("node_rank"),
+                               "local_rank": rec.get("local_rank")} for r, rec in sorted(ranks.items())}} \
+        if placed else {}
+    return StepResult(step, Verdict.OK, detail, seconds=secs, data=data)
+
+
+def _group_problem(call: WitnessCall, group: dict | None, missing: list[int], launched) -> str | None:
+    """What goes before the ranks' own problems: the group's refusal, or which ranks never reported and why."""
+    if group and group.get("error"):
+        # The group refused before any rank started ("world size 2 needs 2 GPUs, torch sees 1").
+        return group["error"]
+    if not missing:
+        return None
+    if group and group.get("note"):
+        return f"no report from ranks {missing}: {group['note']}"
+    if group is None:
+        return f"no report from ranks {missing}; {why_missing(launched, call.deadline_s + LAUNCH_MARGIN_S)}"
+    return f"no report from ranks {missing}"
 
 
 def summary(results: Sequence[StepResult]) -> str:

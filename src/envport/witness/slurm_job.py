@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from envport.core.layout import env_prefix
-from envport.engines.sif_run import SWEEP_FN
+from envport.sif.run import SWEEP_FN
 from envport.engines.slurm import POLL_S, JobOutcome, sbatch_jinja, submit, wait_for
 from envport.plan.cluster import ClusterProfile
 from envport.witness.launchers.base import WITNESS_DIR, LaunchResult

@@ -27,8 +27,8 @@ from pathlib import Path
 from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.verdict import StepResult, Verdict
-from envport.engines.sif import SifError, read_sif
-from envport.engines.sif_run import MountError
+from envport.sif.format import SifError, read_sif
+from envport.sif.run import MountError
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
 from envport.sif.sbom import embed_sbom, mount_fix

@@ -20,7 +20,7 @@ from pathlib import Path
 from envport.builders.apptainer.deffile import DefFile
 from envport.core.proc import run
 from envport.engines import docker as engine
-from envport.engines.sif import SifError, primary_partition, read_sif
+from envport.sif.format import SifError, primary_partition, read_sif
 
 BOOTSTRAPS = ("docker", "docker-daemon", "localimage")
 

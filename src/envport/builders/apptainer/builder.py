@@ -51,7 +51,7 @@ from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.progress import human_size as _size
 from envport.core.verdict import StepResult, Verdict
-from envport.engines.sif import SifError, host_arch, read_json_object, read_sif, write_sif
+from envport.sif.format import SifError, host_arch, read_json_object, read_sif, write_sif
 from envport.plan.site import Site
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
@@ -75,7 +75,8 @@ def sif_path(site: Site, root: Path, identity) -> Path:
 def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[dict]:
     """{sif, size} when SIF is the file this machine's build of HASH_ wrote (one stat), or, given RESOLVED
     (its plan) and PYTHON, its content was checked to be that env; None otherwise."""
-    from envport.builders.apptainer import sif_content, sif_record
+    from envport.builders.apptainer import sif_content
+    from envport.sif import record as sif_record
 
     if sif_record.unchanged(str(sif), hash_):
         return {"sif": str(sif), "size": os.stat(sif).st_size, "checked": "build record"}
@@ -90,13 +91,13 @@ def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[
 
 def _record(sif: Path, hash_: str) -> None:
     """This machine now vouches for SIF: its stat, partition sha256 and layout in the state dir."""
-    from envport.builders.apptainer import sif_content, sif_record
-    from envport.engines.sif import primary_partition
+    from envport.builders.apptainer import sif_content
+    from envport.sif import record as sif_record
+    from envport.sif.format import primary_partition
 
     info = read_sif(sif)
     part = primary_partition(info)
-    sif_record.write(str(sif), hash_, sif_content.partition_sha256(str(sif), part.offset, part.size),
-                     sif_content.layout(info))
+    sif_record.write(str(sif), hash_, sif_content.partition_sha256(info, part), sif_content.layout(info))
 
 
 def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, from_docker: bool = False,
@@ -387,10 +388,13 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
                               lines=tail(out))
         t = time.monotonic()
-        from envport.builders.apptainer import sif_content, sif_record
+        from envport.builders.apptainer import sif_content
+        from envport.sif import record as sif_record
+        from envport.sif.handle import SifFile
 
         sqfs_size = squashfs.stat().st_size
-        digest = sif_content.partition_sha256(str(squashfs), 0, sqfs_size)
+        with SifFile.open(squashfs) as image:  # any regular file: the squashfs on its own
+            digest = image.digest(0, sqfs_size)
         # The SBOM goes in before the SIF gets its name (a build cut short leaves no SIF without one) and
         # before any signature (`build --sign` signs after this step): the signature covers it.
         sbom_count: list[int] = []  # set by the finish step, on the partial

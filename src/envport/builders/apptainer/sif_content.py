@@ -1,7 +1,7 @@
 """What a SIF's primary partition itself holds, and whether that is the env its spec and lock describe.
 
 A SIF's descriptor objects (`inspect-metadata.json`, `envport-spec.json`) are unsigned claims anyone can
-write over any content.  This reads the squashfs instead (engines/squashfs_tree.py): the labels and
+write over any content.  This reads the squashfs instead (sif/squashfs_tree.py): the labels and
 environment apptainer would use (`/.singularity.d/labels.json`, `/.singularity.d/env/*.sh`), the env's
 python (its venv's `pyvenv.cfg`) and distributions (`*.dist-info` names and versions in its
 site-packages), and the entries that matter to an admin whatever else matches (`risks`): set-id files,
@@ -13,15 +13,15 @@ its build recorded (in the SIF, and in this machine's state dir when this machin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from envport.builders.apptainer import sif_record
-from envport.engines import squashfs_tree
-from envport.engines.sif import PARTITION_ALIGN, SifError
+from envport.sif import record as sif_record
+from envport.sif import squashfs_tree
+from envport.sif.format import PARTITION_ALIGN, SifError
+from envport.sif.handle import SifFile
 from envport.plan.steps import CONTAINER_VENV
 from envport.renderers.envcheck import canonical
 
@@ -81,8 +81,8 @@ def risks(entries: list, odd_lines: list[str]) -> list[dict]:
     return out
 
 
-def read_content(sif: str, offset: int) -> Content:
-    """The partition at OFFSET of SIF, read with unsquashfs; raises SifError when it cannot be listed."""
+def read_content(sif: SifFile, offset: int) -> Content:
+    """The partition at OFFSET of the open SIF, read with unsquashfs; raises SifError when it cannot be listed."""
     entries, odd = squashfs_tree.listing(sif, offset)
     by_path = {e.path: e for e in entries}
     found = risks(entries, odd)
@@ -168,18 +168,10 @@ def layout(info) -> str:
     return ",".join(f"{d.id}:{d.datatype:#x}:{d.offset}:{d.size}" for d in info.descriptors) + f";{info.file_size}"
 
 
-def partition_sha256(path: str, offset: int, size: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        left = size
-        while left:
-            chunk = fh.read(min(left, 8 << 20))
-            if not chunk:
-                break
-            h.update(chunk)
-            left -= len(chunk)
-    return h.hexdigest()
+def partition_sha256(info, part) -> str:
+    """The partition's sha256, read from the SIF's open file (which keeps it: a signature check of the same
+    open file has usually hashed it already)."""
+    return info.file.digest(part.offset, part.size, "sha256")
 
 
 def check_extent(info, part, bytes_used: int) -> None:
@@ -199,7 +191,7 @@ def integrity(info, part, embedded: Optional[dict]) -> tuple[str, list[str], boo
     """(the partition's sha256, lines naming each record it disagrees with, whether any record exists).
 
     The partition only: signing (envport sign) appends objects after the build, legitimately."""
-    digest = partition_sha256(info.path, part.offset, part.size)
+    digest = partition_sha256(info, part)
     bad = []
     claimed = embedded.get("partition") if isinstance(embedded, dict) else None
     claimed = claimed if isinstance(claimed, dict) else {}
@@ -214,16 +206,16 @@ def integrity(info, part, embedded: Optional[dict]) -> tuple[str, list[str], boo
 def content_matches(sif: str, hash_: str, plan, python: str) -> tuple[bool, str]:
     """(True, "") when SIF's bytes and content are the env of HASH_ as PLAN installs it, with no risks;
     else (False, why).  For a SIF this machine's build did not record (a shared sif_dir, a copy)."""
-    from envport.engines.sif import primary_partition, read_json_object, read_sif, read_squashfs_superblock
+    from envport.sif.format import primary_partition, read_json_object, read_sif, read_squashfs_superblock
 
     try:
         info = read_sif(sif)
         part = primary_partition(info)
-        check_extent(info, part, read_squashfs_superblock(sif, part.offset).bytes_used)
+        check_extent(info, part, read_squashfs_superblock(info.file, part.offset).bytes_used)
         _, bad, _ = integrity(info, part, read_json_object(info, "envport-spec.json"))
         if bad:
             return False, "corrupt: " + bad[0]
-        content = read_content(sif, part.offset)
+        content = read_content(info.file, part.offset)
     except SifError as exc:
         return False, f"[{exc.reason}] {exc.message}"
     if (content.labels or {}).get("envport.hash") != hash_:

@@ -30,8 +30,10 @@ from envport.builders.apptainer import sif_content
 from envport.builders.apptainer.builder import SPEC_OBJECT
 from envport.core.files import shown_path
 from envport.core.verdict import StepResult, Verdict
-from envport.engines.sif import (DATA_DEFFILE, SifError, json_member, primary_partition, read_json_object,
-                                 read_object, read_sif, read_squashfs_superblock, sif_labels)
+from envport.sif.format import (DATA_DEFFILE, SifError, SifInfo, json_member, primary_partition,
+                                 read_json_object, read_object, read_sif, read_squashfs_superblock, sif_labels)
+from envport.sif.gate import Gated, gate
+from envport.sif.handle import SifFile, unsafe
 from envport.plan.changes import changed_paths
 
 # Reasons of a SIF that is readable but cannot run here, or cannot be judged here: REFUSED, not FAILED.
@@ -60,6 +62,7 @@ class SifReport:
     path: str
     facts: dict[str, Any] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
+    info: Optional[SifInfo] = None  # what was read, from the one open file: the signature check reads it too
 
     def add(self, key: str, value: Any) -> None:
         self.facts[key] = value
@@ -82,14 +85,26 @@ def utc(seconds: Any) -> str:
         return f"{seconds} (not a date)"
 
 
-def read_report(path: Path) -> tuple[SifReport, Optional[SifError]]:
-    """Everything readable from PATH, the partition's content and its checks; the first SifError that
-    stopped the reading, if any."""
-    report = SifReport(str(path))
+def read_report(source: "Path | SifFile | Gated") -> tuple[SifReport, Optional[SifError]]:
+    """Everything readable from SOURCE (a path, opened once; an open file; or a SIF through the gate, whose
+    reading is used as it is), the partition's content and its checks; the first SifError that stopped the
+    reading, if any.  Every byte comes from the one open file."""
+    report = SifReport(str(source.path if isinstance(source, (SifFile, Gated)) else source))
     try:
-        info = read_sif(path)
+        if isinstance(source, Gated):
+            info = source.info
+        else:
+            fh = source if isinstance(source, SifFile) else SifFile.open(source)
+            report.path = str(fh.path)
+            why = unsafe(fh)
+            if why:
+                report.check("placement", Verdict.REFUSED, f"{why}: a verdict on it holds only until then",
+                             "sif_unsafe", ["fix: copy it into a folder only you (or root) can write, and "
+                                            "inspect and run the copy"])
+            info = read_sif(fh)
     except SifError as exc:
         return report, exc
+    report.info = info
     report.add("header", {"size": info.file_size, "version": info.version, "arch": info.arch, "uuid": info.uuid,
                           "created": utc(info.created), "launch_script": info.launch_script})
     report.add("objects", [_descriptor(d) for d in info.descriptors])
@@ -105,7 +120,7 @@ def read_report(path: Path) -> tuple[SifReport, Optional[SifError]]:
         embedded = read_json_object(info, SPEC_OBJECT)
         report.add("embedded", embedded)
         part = primary_partition(info, arch=info.arch if info.arch != "unknown" else None)
-        sb = read_squashfs_superblock(path, part.offset)
+        sb = read_squashfs_superblock(info.file, part.offset)
         report.add("squashfs", {"offset": part.offset, "bytes": sb.bytes_used, "compression": sb.compression,
                                 "inodes": sb.inodes, "block_size": sb.block_size, "version": sb.version})
         sif_content.check_extent(info, part, sb.bytes_used)
@@ -113,7 +128,7 @@ def read_report(path: Path) -> tuple[SifReport, Optional[SifError]]:
                      f"squashfs {sb.bytes_used} bytes in a {part.size}-byte partition")
         _integrity(report, info, part, embedded)
         primary_partition(info)  # this machine's arch: raises foreign_arch
-        _content(report, str(path), part.offset)
+        _content(report, info.file, part.offset)
     except SifError as exc:
         return report, exc
     return report, None
@@ -133,9 +148,9 @@ def _integrity(report: SifReport, info, part, embedded) -> None:
                      "compare it with")
 
 
-def _content(report: SifReport, path: str, offset: int) -> None:
+def _content(report: SifReport, sif: SifFile, offset: int) -> None:
     try:
-        content = sif_content.read_content(path, offset)
+        content = sif_content.read_content(sif, offset)
     except SifError as exc:
         if exc.reason != "missing_tool":
             raise
@@ -159,6 +174,37 @@ def _content(report: SifReport, path: str, offset: int) -> None:
     else:
         report.check("risks", Verdict.OK, f"no set-id files, device nodes, world-writable directories without "
                      f"the sticky bit or symlinks leaving the image among {content.entries} entries")
+
+
+def admitted(path: Path, *, step: str, fix: str) -> "tuple[Gated, SifReport] | StepResult":
+    """The SIF at PATH through the trust gate (sif/gate.py) and then through the content checks `inspect`
+    runs (layout, trailing bytes, the superblock, the partition's sha256 against its build record), on the
+    same open file: the Gated a command may mount and the report read from it, or the StepResult that refuses it (FAILED for a damaged
+    file, REFUSED for the site's policy or a file others can rewrite).  `risks` are listed, not refused:
+    every mount is nosuid,nodev (docs/apptainer.md).  Raises TrustRefused (exit 3) like the gate.
+    FIX: the command that makes the file, for a SIF that is not there."""
+    try:
+        gated = gate(path)
+    except SifError as exc:
+        if exc.reason == "not_found":
+            return StepResult(step, Verdict.REFUSED, exc.message, reason="sif_missing", lines=[f"fix: {fix}"])
+        verdict = Verdict.FAILED if exc.reason not in ("sif_unsafe", *REFUSED_REASONS) else Verdict.REFUSED
+        return StepResult(step, verdict, exc.message, reason=exc.reason,
+                          lines=[f"fix: envport inspect {shlex.quote(str(path))}"])
+    report, problem = read_report(gated)
+    if problem is not None:
+        return replace_step(failure(report, problem), step, path)
+    for check in report.checks:
+        if check.name != "risks" and check.verdict in (Verdict.FAILED, Verdict.REFUSED):
+            return StepResult(step, check.verdict, f"not used: {check.detail}", reason=check.reason,
+                              lines=[f"fix: envport inspect {shlex.quote(str(path))}", *check.lines])
+    return gated, report
+
+
+def replace_step(result: StepResult, step: str, path) -> StepResult:
+    from dataclasses import replace
+
+    return replace(result, step=step, lines=[*result.lines, f"fix: envport inspect {shlex.quote(str(path))}"])
 
 
 def verdict(report: SifReport, compared: Optional[StepResult] = None) -> StepResult:

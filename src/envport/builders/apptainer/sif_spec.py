@@ -4,11 +4,14 @@
 `--embedded-spec`) run the SIF against the spec its build embedded.  That object is a claim, like every
 descriptor; it is used only after the checks that tie it to this image:
 
-- the trust gate first (engines/sif_run.admit): under a site's `trust.require_signed` nothing is read from
-  an unverified file as a spec (a signature covers the object: it is in the partition's group);
-- the SIF read as `envport inspect` reads it (sif_inspect.read_report): a whole SIF, its partition the one
-  the embedded record names (sha256), its own `/.singularity.d` labels agreeing with the descriptor's;
-- the image's own labels naming the embedded spec's name and hash;
+- the trust gate first (sif/gate.py, through sif_inspect.admitted): under a site's `trust.require_signed`
+  nothing is read from an unverified file as a spec (a signature covers the object: it is in the
+  partition's group);
+- the SIF read as `envport inspect` reads it, from the same open file (sif_inspect.admitted): a whole SIF,
+  its partition the one the embedded record names (sha256), its own `/.singularity.d` labels agreeing
+  with the descriptor's;
+- the image's own labels naming the embedded spec's name and hash, a hash of 64 hex digits (anything else
+  is no hash envport wrote: a path, terminal escapes);
 - the spec validated as a spec file is (an unknown field or a name no shell can quote is refused).
 
 Risky entries (set-id files, device nodes) are not a reason to refuse here, as they are not for a SIF run
@@ -22,7 +25,8 @@ changed fields are named from the embedded spec, as `inspect`'s `stale` verdict 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
@@ -30,6 +34,9 @@ from envport.builders.apptainer.builder import SPEC_OBJECT
 from envport.core.verdict import StepResult, Verdict
 from envport.recipe.identity import Identity
 from envport.spec.loader import Loaded
+
+
+HASH = re.compile(r"[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -48,24 +55,18 @@ class Embedded:
 def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
     """The spec SIF embeds as a Loaded rooted at ROOT (where the run records and writes its reports), or
     the StepResult refusing it.  NAME must be the embedded spec's name (an EnvportError, exit 2, if not)."""
-    from envport.builders.apptainer.sif_inspect import failure, read_report
+    from envport.builders.apptainer.sif_inspect import admitted
     from envport.core.errors import EnvportError
     from envport.core.untrusted import shown
-    from envport.engines.sif_run import admit
     from envport.spec.model import Spec
     from envport.spec.yamlfile import RawSpec, validate
 
     step = f"spec {sif.name}"
-    admit(sif)  # TrustRefused (exit 3) before anything in the file is read as a spec
-    report, problem = read_report(sif)
-    if problem is not None:
-        if problem.reason == "not_found":
-            return _refused(step, "sif_missing", problem.message, "check the path given to --sif")
-        return replace(failure(report, problem), step=step, lines=[f"fix: envport inspect {sif}"])
-    for check in report.checks:
-        if check.name != "risks" and check.verdict in (Verdict.FAILED, Verdict.REFUSED):
-            return StepResult(step, check.verdict, f"its embedded spec is not used: {check.detail}",
-                              reason=check.reason, lines=[f"fix: envport inspect {sif}", *check.lines])
+    # TrustRefused (exit 3) before anything in the file is read as a spec; then inspect's checks.
+    checked = admitted(sif, step=step, fix="the file you named with --sif does not exist: check the path")
+    if isinstance(checked, StepResult):
+        return checked
+    _, report = checked
     doc = report.facts.get("embedded")
     spec_data = doc.get("spec") if isinstance(doc, dict) else None
     if not isinstance(spec_data, dict):
@@ -78,7 +79,7 @@ def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
                            f"holds (envport witness {shown(str(built_as))} --target apptainer --sif {sif})")
     own = (report.facts.get("content") or {}).get("labels") or {}
     if doc.get("name") != name or own.get("envport.name") != name or not isinstance(built_hash, str) \
-            or own.get("envport.hash") != built_hash:
+            or not HASH.match(built_hash) or own.get("envport.hash") != built_hash:
         return _refused(step, "embedded_spec_mismatch",
                         f"{SPEC_OBJECT} says {shown(str(doc.get('name')))}@{shown(str(built_hash))[:12]}, the "
                         f"image's own labels {shown(str(own.get('envport.name')))}@"
@@ -100,11 +101,12 @@ def difference(sif: Path, loaded: Loaded, spec_hash: str) -> Optional[dict]:
     or the file cannot be read (the run itself then says why); else the hashes, the changed fields and a line."""
     from envport.builders.apptainer.sif_inspect import stale_reason
     from envport.core.files import shown_path
-    from envport.engines.sif import SifError, read_json_object, read_sif, sif_labels
+    from envport.sif.format import SifError, read_json_object, sif_labels
+    from envport.sif.gate import gate
     from envport.renderers import RENDERER_VERSION
 
     try:
-        info = read_sif(sif)
+        info = gate(sif).info  # the open file every later step of this run reads (TrustRefused: exit 3)
         labels = sif_labels(info)
         doc = read_json_object(info, SPEC_OBJECT)
     except SifError:

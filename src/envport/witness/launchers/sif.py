@@ -1,5 +1,5 @@
 """Run witnesses inside a SIF: `apptainer exec --cleanenv [--nv] --bind ...` where apptainer is
-installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engines/sif_run.py).
+installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (sif/run.py).
 
 - a witness run on this host (`envport witness`: `run_witnesses` holds the
   launcher's `session()`): the SIF is mounted ONCE, at
@@ -8,11 +8,17 @@ installed, else Charliecloud's `ch-run` on the SIF mounted with squashfuse (engi
   and decompressed once per run, not once per call (bench/bench_sif.py:
   2.13x docker's time with a mount per call). Unmounted and removed at the end, also on an error, Ctrl-C or SIGTERM
   (turned into an interrupt while the mount is held); a SIGKILLed envport
-  leaves nothing either (engines/sif_run.py `mounted`: the holder dies with
+  leaves nothing either (sif/run.py `mounted`: the holder dies with
   it, auto_unmount).
+- the SIF goes through the trust gate and inspect's content checks first
+  (`preflight`: sif_inspect.admitted), and every mount in this process is of
+  the open file the gate judged (sif_run.mounted), never of the path again.
 - outside a session (srun: one task per rank, on whichever node runs it) each
-  call goes through one small bash wrapper and is self-contained: mount the
-  SIF at `rootfs` in a fresh 0700 `/tmp/envport-sif-<run>-XXXXXX` (a directory
+  call goes through one small bash wrapper and is self-contained: it opens
+  the SIF's path on fd 3, goes on only when that is the file the gate judged
+  (inode, size and ctime: sif/handle.py `identity`; a file renamed over the
+  name, or written since, is refused), and mounts fd 3 itself
+  at `rootfs` in a fresh 0700 `/tmp/envport-sif-<run>-XXXXXX` (a directory
   per call: two ranks on one node never share a mount), run, and unmount on
   the way out, also on SIGTERM/SIGINT/SIGHUP (a timeout, Ctrl-C, scancel);
   squashfuse runs with auto_unmount, so a squashfuse killed outright is
@@ -39,25 +45,40 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
+from dataclasses import replace
+
 from envport.core.proc import sigterm_interrupts
+from envport.core.untrusted import shown
 from envport.core.verdict import StepResult, Verdict
-from envport.engines import sif_run
-from envport.engines.sif import SifError
+from envport.sif import run as sif_run
+from envport.sif.handle import SifError
 from envport.witness.launchers.base import WITNESS_DIR, Invocation, Launcher
 
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MNT = "@ENVPORT-SIF-MOUNT@"
 
-# $1 runtime, $2 sif, $3 squashfuse's -o (sif_run.squashfuse_options), $4 where the mounts go (`task_mounts`);
-# then the runtime's argv (MNT stands for the mount).
+# $1 runtime, $2 sif, $3 squashfuse's -o (sif_run.squashfuse_options), $4 where the mounts go (`task_mounts`),
+# $5 the identity the gate judged (inode:size:ctime); then the runtime's argv (MNT stands for the mount).
 TASK = r"""set -u
-kind=$1 sif=$2 options=$3 base=$4; shift 4
+kind=$1 sif=$2 options=$3 base=$4 judged=$5; shift 5
 for v in RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT; do
   eval "val=\${$v-}"
   [ -n "$val" ] || continue
   if [ "$kind" = apptainer ]; then export "APPTAINERENV_$v=$val"; else pass="${pass-} --set-env=$v=$val"; fi
 done
-if [ "$kind" = apptainer ]; then exec "$@"; fi
+# The file opened once, here, and used only if it is the one the gate judged: a file renamed over the name
+# after the check, or written since, is refused (exit 3), and the mount below reads this descriptor.
+exec 3<"$sif" || { echo "envport-sif: cannot open $sif on $(hostname)" >&2; exit 3; }
+now=$(stat -L -c '%i:%s:%.9Z' /proc/self/fd/3)
+if [ "$now" != "$judged" ]; then
+  echo "envport-sif: REFUSED [sif_changed] $sif on $(hostname) is not the file the trust gate judged" \
+       "(inode:size:ctime $now, judged $judged): nothing was mounted or run" >&2
+  exit 3
+fi
+if [ "$kind" = apptainer ]; then
+  for a do shift; if [ "$a" = "$sif" ]; then set -- "$@" /proc/self/fd/3; else set -- "$@" "$a"; fi; done
+  exec "$@"
+fi
 USER=${USER:-$(id -un)}  # ch-run refuses to start without it (batch jobs and CI have none)
 export USER
 # mktemp -d: a new 0700 directory of ours (another user can neither reach the image nor swap the mount point).
@@ -68,7 +89,7 @@ trap cleanup EXIT
 mkdir -m 700 "$mnt" || exit 3
 trap 'exit 143' TERM INT HUP
 sq=$(command -v squashfuse_ll || command -v squashfuse) || { echo "envport-sif: no squashfuse on $(hostname)" >&2; exit 3; }
-"$sq" -o "$options" "$sif" "$mnt" || { echo "envport-sif: $sq of $sif failed on $(hostname)" >&2; exit 3; }
+"$sq" -o "$options" /proc/self/fd/3 "$mnt" || { echo "envport-sif: $sq of $sif failed on $(hostname)" >&2; exit 3; }
 n=0
 until mountpoint -q "$mnt"; do n=$((n+1)); [ "$n" -lt 200 ] || exit 3; sleep 0.05; done
 # The mount point replaces its placeholder, the rank's variables go just before it (after --unset-env).
@@ -95,7 +116,7 @@ class SifLauncher(Launcher):
         self.runtime = runtime or sif_run.runtime()
         self.missing_fix = missing_fix or "envport build NAME --target apptainer, or pass --sif FILE"
         self.prefix = f"{sif_run.MOUNT_PREFIX}{uuid.uuid4().hex[:10]}"
-        self._offset: Optional[int] = None
+        self._gated = None  # the SIF through the trust gate (sif/gate.py), once preflight admitted it
         self._mnt: Optional[str] = None  # the run's one mount, while session() holds it
 
     def witness_path(self, script: str) -> str:
@@ -104,10 +125,17 @@ class SifLauncher(Launcher):
     def _binds(self) -> list[tuple[str, str]]:
         return [(str(self.witness_dir), sif_run.WITNESS_MOUNT)] + self.mounts
 
-    def offset(self) -> int:
-        if self._offset is None:
-            self._offset = sif_run.partition_offset(self.sif)  # asks the trust gate (sif_run.admit) first
-        return self._offset
+    def gated(self):
+        """The SIF through the gate and inspect's content checks (`preflight` asks first; a call before it
+        raises what the gate raises: SifError, TrustRefused)."""
+        if self._gated is None:
+            from envport.builders.apptainer.sif_inspect import admitted
+
+            checked = admitted(self.sif, step="launcher", fix=self.missing_fix)
+            if isinstance(checked, StepResult):
+                raise SifError(checked.reason or "sif_refused", checked.detail)
+            self._gated = checked[0]
+        return self._gated
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -115,7 +143,7 @@ class SifLauncher(Launcher):
         if self.runtime == "apptainer" or self._mnt is not None:
             yield
             return
-        with sigterm_interrupts(), sif_run.mounted(self.sif, prefix=f"{self.prefix}-") as mnt:
+        with sigterm_interrupts(), sif_run.mounted(self.gated(), prefix=f"{self.prefix}-") as mnt:
             self._mnt = str(mnt)
             try:
                 yield
@@ -127,15 +155,20 @@ class SifLauncher(Launcher):
         if self._mnt is not None:
             return Invocation(sif_run.ch_run_argv(self._mnt, cmd, env=env, binds=self._binds()),
                               env=sif_run.ch_run_env(), label=self._mnt)
+        gated = self.gated()
         if self.runtime == "apptainer":
-            inner = sif_run.apptainer_argv(str(self.sif), cmd, env=env, nv=self.gpus,
+            # The task reopens the path (another node cannot share this process's descriptor): TASK checks
+            # it is the judged file and hands apptainer its fd 3 in place of the name.
+            inner = sif_run.apptainer_argv(gated, cmd, env=env, nv=self.gpus,
                                            binds=[(s, d, True) for s, d in self._binds()])
+            inner = [str(self.sif) if a.startswith("/proc/") and a.endswith(f"/fd/{gated.file.fd}") else a
+                     for a in inner]
             options = ""
         else:
             inner = sif_run.ch_run_argv(MNT, cmd, env=env, binds=self._binds())
-            options = sif_run.squashfuse_options(self.offset())
+            options = sif_run.squashfuse_options(gated.partition.offset)
         argv = ["bash", "-c", TASK, "envport-sif", self.runtime, str(self.sif), options, self.task_mounts(),
-                *inner]
+                gated.file.identity, *inner]
         return Invocation(argv, env=sif_run.ch_run_env(), cleanup=[self.sweep_argv()], label=self.prefix)
 
     def task_mounts(self) -> str:
@@ -150,12 +183,12 @@ class SifLauncher(Launcher):
         return ["bash", "-c", f"{sif_run.SWEEP_FN}\n{self.sweep_line()}"]
 
     def preflight(self) -> Optional[StepResult]:
-        try:
-            self.offset()
-        except SifError as exc:
-            reason = "sif_missing" if exc.reason == "not_found" else exc.reason
-            return StepResult("launcher", Verdict.REFUSED, exc.message, reason=reason,
-                              lines=[f"fix: {self.missing_fix}"])
+        from envport.builders.apptainer.sif_inspect import admitted
+
+        checked = admitted(self.sif, step="launcher", fix=self.missing_fix)
+        if isinstance(checked, StepResult):
+            return replace(checked, detail=shown(checked.detail))
+        self._gated = checked[0]
         absent = sif_run.missing_tools(self.runtime)
         if self.runtime == "ch-run" and shutil.which("mountpoint") is None:
             absent.append("mountpoint (util-linux)")

@@ -365,90 +365,30 @@ def _group_timeout_s(torch, group, device):
 
 def run_rank(rank, world, local_rank, opts, result_path=None):
     """One rank, both modes.  Returns True if every check on this rank passed."""
-    # Over 80 lines on purpose: one try block holds a rank's whole life (group start, each check,
-    # barrier, teardown) so any failure, wherever it happens, is reported on one sentinel line with
-    # the check it was in and the checks it never reached.
+    # One try block holds a rank's whole life (group start, each check, barrier, teardown) so any failure,
+    # wherever it happens, is reported on one sentinel line with the check it was in and the checks it
+    # never reached; the steps of that life are the functions below.
     for key, value in WITNESS_ENV.items():
         os.environ.setdefault(key, value)
     fault_list = faults()
     t0 = time.time()
     checks = [c for c in opts["checks"].split(",") if c]
-    base = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid()}
-    # Which node this rank runs on, where a launcher across nodes says so (srun: SLURMD_NODENAME, NODE_RANK).
-    if os.environ.get("SLURMD_NODENAME"):
-        base["node"] = os.environ["SLURMD_NODENAME"]
-    if os.environ.get("NODE_RANK", "").isdigit():
-        base["node_rank"] = int(os.environ["NODE_RANK"])
+    base = _rank_base(rank, world, local_rank)
     done = set()
     current = checks[0] if checks else "collectives"
     try:
         import torch
         import torch.distributed as dist
 
-        want = opts["device"]
-        ident = None
-        if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-            if not torch.cuda.is_available():
-                raise RuntimeError("a CUDA device was required but torch.cuda.is_available() is False")
-            index = local_rank % torch.cuda.device_count()
-            torch.cuda.set_device(index)
-            device, backend = torch.device("cuda", index), "nccl"
-            ident = gpu_identity(torch, index)
-            base.update(gpu=ident, capability=list(torch.cuda.get_device_capability(index)),
-                        arch_list=list(torch.cuda.get_arch_list()))
-        else:
-            device, backend = torch.device("cpu"), "gloo"
-        same = [r for kind, r, _ in fault_list if kind == "samegpu"]
-        if same:  # test-only: rank R claims rank 0's GPU, so the check runs for real without GPUs
-            ident = "GPU-envport-fake-%d" % (0 if rank in same else rank)
+        device, backend, ident = _rank_device(torch, opts, rank, local_rank, base, fault_list)
         timeout = datetime.timedelta(seconds=pg_timeout_s(opts, backend))
         base.update(backend=backend, device=str(device), torch=torch.__version__)
-        # Our own rendezvous (env://, as init_process_group would do it) so the
-        # GPU check below can use the store before NCCL starts.
-        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
-        store.set_timeout(timeout)
-        if ident is not None:
-            exchange_gpus(store, rank, world, ident)
-        # Module defaults reach the sub-groups torch creates without a timeout (DeviceMesh's).
-        import torch.distributed.distributed_c10d as c10d
-        c10d.default_pg_timeout = timeout
-        if backend == "nccl":
-            c10d.default_pg_nccl_timeout = timeout
-        init_kw = {}
-        if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
-            init_kw["device_id"] = device  # binds the rank to its GPU: no guessing, eager NCCL init
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **init_kw)
-        # The end-of-run handshake happens on the host with its own (gloo)
-        # timeout, so a wedged GPU cannot stall it for the NCCL timeout.
-        host_group = None
-        if backend == "nccl":
-            host_group = dist.new_group(backend="gloo",
-                                        timeout=datetime.timedelta(seconds=opts["gloo_timeout"]))
-        for kind, r, _ in fault_list:
-            if r == rank and kind == "crash":
-                sys.stderr.write("rank %d: injected crash\n" % rank)
-                sys.stderr.flush()
-                os._exit(13)
-            if r == rank and kind == "hang":
-                _injected_hang(rank)
+        host_group = _start_group(dist, rank, world, device, backend, ident, timeout, opts)
+        _inject_rank_faults(fault_list, rank)
         results = []
         for check in checks:
             current = check
-            t = time.time()
-            chk = Checker(torch, rank, fault_list)
-            extra = {}
-            if check == "collectives":
-                run_collectives(torch, dist, rank, world, device, chk)
-            elif check == "dtensor":
-                groups = run_dtensor(torch, rank, world, device, opts["mesh"], chk, timeout)
-                extra["timeouts_s"] = {"default": _group_timeout_s(torch, c10d._get_default_group(), device),
-                                       "mesh": [_group_timeout_s(torch, g, device) for g in groups]}
-            else:
-                raise ValueError("unknown check %r" % check)
-            rec = dict(base, check=check, ok=not chk.failures, ops=chk.ops,
-                       failures=chk.failures, seconds=round(time.time() - t, 3), **extra)
-            if check == "dtensor":
-                rec["mesh"] = opts["mesh"]
+            rec = _run_check(torch, dist, check, rank, world, device, opts, base, fault_list, timeout)
             emit(rec)
             results.append(rec)
             done.add(check)
@@ -458,18 +398,116 @@ def run_rank(rank, world, local_rank, opts, result_path=None):
         _write_result(result_path, {"rank": rank, "ok": ok, "results": results})
         return ok
     except Exception as exc:
-        lines = traceback.format_exc().splitlines()
-        rec = dict(base, check=current, ok=False, error=error_text(exc),
-                   traceback=lines[-15:], seconds=round(time.time() - t0, 3))
-        fix = error_fix(rec["error"])
-        if fix:
-            rec["fix"] = fix
-        emit(rec)
-        for check in checks:  # the checks never reached fail too, visibly
-            if check not in done and check != current:
-                emit(dict(base, check=check, ok=False, error="not run: rank %d failed in %s" % (rank, current)))
-        _write_result(result_path, {"rank": rank, "ok": False, "error": rec["error"]})
+        _report_rank_failure(exc, base, checks, done, current, rank, t0, result_path)
         raise
+
+
+def _rank_base(rank, world, local_rank):
+    """The fields every sentinel line of this rank carries."""
+    base = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid()}
+    # Which node this rank runs on, where a launcher across nodes says so (srun: SLURMD_NODENAME, NODE_RANK).
+    if os.environ.get("SLURMD_NODENAME"):
+        base["node"] = os.environ["SLURMD_NODENAME"]
+    if os.environ.get("NODE_RANK", "").isdigit():
+        base["node_rank"] = int(os.environ["NODE_RANK"])
+    return base
+
+
+def _rank_device(torch, opts, rank, local_rank, base, fault_list):
+    """(device, backend, GPU identity or None): this rank's GPU and NCCL, else the CPU and gloo."""
+    want = opts["device"]
+    ident = None
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("a CUDA device was required but torch.cuda.is_available() is False")
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device, backend = torch.device("cuda", index), "nccl"
+        ident = gpu_identity(torch, index)
+        base.update(gpu=ident, capability=list(torch.cuda.get_device_capability(index)),
+                    arch_list=list(torch.cuda.get_arch_list()))
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    same = [r for kind, r, _ in fault_list if kind == "samegpu"]
+    if same:  # test-only: rank R claims rank 0's GPU, so the check runs for real without GPUs
+        ident = "GPU-envport-fake-%d" % (0 if rank in same else rank)
+    return device, backend, ident
+
+
+def _start_group(dist, rank, world, device, backend, ident, timeout, opts):
+    """The process group, started once every rank's GPU is known to be its own; returns the host group
+    the end-of-run barrier uses (None: the default group)."""
+    # Our own rendezvous (env://, as init_process_group would do it) so the
+    # GPU check below can use the store before NCCL starts.
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    store.set_timeout(timeout)
+    if ident is not None:
+        exchange_gpus(store, rank, world, ident)
+    # Module defaults reach the sub-groups torch creates without a timeout (DeviceMesh's).
+    import torch.distributed.distributed_c10d as c10d
+    c10d.default_pg_timeout = timeout
+    if backend == "nccl":
+        c10d.default_pg_nccl_timeout = timeout
+    init_kw = {}
+    if backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        init_kw["device_id"] = device  # binds the rank to its GPU: no guessing, eager NCCL init
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **init_kw)
+    # The end-of-run handshake happens on the host with its own (gloo)
+    # timeout, so a wedged GPU cannot stall it for the NCCL timeout.
+    host_group = None
+    if backend == "nccl":
+        host_group = dist.new_group(backend="gloo",
+                                    timeout=datetime.timedelta(seconds=opts["gloo_timeout"]))
+    return host_group
+
+
+def _inject_rank_faults(fault_list, rank):
+    # Test-only (ENVPORT_WITNESS_FAULT=crash:R, hang:R): injected once the group is up, so the other ranks
+    # meet a dead or stuck peer inside a collective, as a real failure would show itself.
+    for kind, r, _ in fault_list:
+        if r == rank and kind == "crash":
+            sys.stderr.write("rank %d: injected crash\n" % rank)
+            sys.stderr.flush()
+            os._exit(13)
+        if r == rank and kind == "hang":
+            _injected_hang(rank)
+
+
+def _run_check(torch, dist, check, rank, world, device, opts, base, fault_list, timeout):
+    """One check on this rank: its sentinel record (ok, each op, the failures, its own time)."""
+    t = time.time()
+    chk = Checker(torch, rank, fault_list)
+    extra = {}
+    if check == "collectives":
+        run_collectives(torch, dist, rank, world, device, chk)
+    elif check == "dtensor":
+        import torch.distributed.distributed_c10d as c10d
+        groups = run_dtensor(torch, rank, world, device, opts["mesh"], chk, timeout)
+        extra["timeouts_s"] = {"default": _group_timeout_s(torch, c10d._get_default_group(), device),
+                               "mesh": [_group_timeout_s(torch, g, device) for g in groups]}
+    else:
+        raise ValueError("unknown check %r" % check)
+    rec = dict(base, check=check, ok=not chk.failures, ops=chk.ops,
+               failures=chk.failures, seconds=round(time.time() - t, 3), **extra)
+    if check == "dtensor":
+        rec["mesh"] = opts["mesh"]
+    return rec
+
+
+def _report_rank_failure(exc, base, checks, done, current, rank, t0, result_path):
+    """The failure on the sentinel line of the check it happened in; every check not reached fails too.
+    Called from the except block, so the traceback is the failure's."""
+    lines = traceback.format_exc().splitlines()
+    rec = dict(base, check=current, ok=False, error=error_text(exc),
+               traceback=lines[-15:], seconds=round(time.time() - t0, 3))
+    fix = error_fix(rec["error"])
+    if fix:
+        rec["fix"] = fix
+    emit(rec)
+    for check in checks:  # the checks never reached fail too, visibly
+        if check not in done and check != current:
+            emit(dict(base, check=check, ok=False, error="not run: rank %d failed in %s" % (rank, current)))
+    _write_result(result_path, {"rank": rank, "ok": False, "error": rec["error"]})
 
 
 def _exit_now(code):

@@ -1,10 +1,10 @@
 """The SIF layout's constants and its two consistency rules, with `struct` alone.
 
-engines/sif.py reads and writes SIFs with an error for people at every
+sif/format.py reads and writes SIFs with an error for people at every
 fault, and envport/sif/ appends and signs objects; both take the layout from
 here, so one set of numbers describes every SIF envport reads or writes.
 (The no-op build no longer reads the SIF at all: it takes a file only on
-this machine's build record, builders/apptainer/sif_record.py.)
+this machine's build record, sif/record.py.)
 """
 
 from __future__ import annotations

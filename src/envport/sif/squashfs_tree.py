@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 
 from envport.core.proc import run
-from envport.engines.sif import SifError
+from envport.sif.handle import SifError, SifFile
 
 LIST_TIMEOUT = 300
 CAT_LIMIT = 1 << 20
@@ -92,22 +92,24 @@ def parse_listing(out: bytes) -> tuple[list[Entry], list[str]]:
     return entries, odd
 
 
-def listing(sif: str, offset: int) -> tuple[list[Entry], list[str]]:
-    """Every entry of the squashfs at OFFSET in SIF, and the listing lines that did not parse."""
-    proc = run([_unsquashfs(), "-o", str(offset), "-lln", sif], binary=True, timeout=LIST_TIMEOUT)
+def listing(sif: SifFile, offset: int) -> tuple[list[Entry], list[str]]:
+    """Every entry of the squashfs at OFFSET in SIF, and the listing lines that did not parse.  unsquashfs
+    reads the open file (its descriptor, inherited), never the name."""
+    proc = run([_unsquashfs(), "-o", str(offset), "-lln", sif.child_path], binary=True, timeout=LIST_TIMEOUT,
+               pass_fds=sif.pass_fds)
     if not proc.ok:
         err = (proc.stderr or proc.why).strip().splitlines()
-        raise SifError("bad_squashfs", f"{sif}: unsquashfs cannot list the partition at byte {offset} "
+        raise SifError("bad_squashfs", f"{sif.path}: unsquashfs cannot list the partition at byte {offset} "
                                        f"({err[-1] if err else f'exit {proc.returncode}'}): the image is "
                                        "damaged or not squashfs")
     return parse_listing(proc.stdout)
 
 
-def read_file(sif: str, offset: int, path: str, limit: int = CAT_LIMIT) -> bytes | None:
+def read_file(sif: SifFile, offset: int, path: str, limit: int = CAT_LIMIT) -> bytes | None:
     """The bytes of the regular file PATH in the image (the caller checked the listing says so), or None
     when unsquashfs cannot give them.  -no-wildcards: a name from the image is a name, not a pattern."""
-    proc = run([_unsquashfs(), "-o", str(offset), "-no-wildcards", "-cat", sif, path.lstrip("/")], binary=True,
-               timeout=LIST_TIMEOUT)
+    proc = run([_unsquashfs(), "-o", str(offset), "-no-wildcards", "-cat", sif.child_path, path.lstrip("/")],
+               binary=True, timeout=LIST_TIMEOUT, pass_fds=sif.pass_fds)
     if not proc.ok or len(proc.stdout) > limit:
         return None
     return proc.stdout

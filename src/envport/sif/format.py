@@ -29,13 +29,13 @@ import os
 import platform
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
-from envport.core.errors import ReasonError
 from envport.core.files import replacing
-# The layout's constants live with the stdlib-only reader of the no-op build (engines/sif_header.py).
-from envport.engines.sif_header import (
+from envport.sif.handle import SifError, SifFile
+# The layout's constants live with the stdlib-only reader of the no-op build (sif/header.py).
+from envport.sif.header import (
     DATA_GENERIC_JSON, DATA_OFFSET, DATA_PARTITION, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
     LAUNCH_SCRIPT, MAGIC, VERSION, object_inside, table_consistent)
 
@@ -77,10 +77,6 @@ COPY_CHUNK = 8 << 20
 READ_OBJECT_LIMIT = 64 << 20
 
 
-class SifError(ReasonError):
-    """A file that is not a usable SIF; `reason` is a stable one-word token."""
-
-
 @dataclass(frozen=True)
 class SifDescriptor:
     """One used descriptor slot. Partition fields are None for other objects."""
@@ -113,6 +109,10 @@ class SifDescriptor:
 
 @dataclass(frozen=True)
 class SifInfo:
+    """A SIF's header and used descriptors, as read from `file`, the open descriptor every later read of the
+    same SIF goes through (sif/handle.py); `header_raw` and `table_raw` are the bytes they were parsed
+    from, so the signature check (sif/image.py) judges the very table this reading judged."""
+
     path: str
     file_size: int
     launch_script: str
@@ -128,6 +128,9 @@ class SifInfo:
     data_offset: int
     data_size: int
     descriptors: tuple[SifDescriptor, ...]
+    file: SifFile = field(repr=False, compare=False, default=None)
+    header_raw: bytes = field(repr=False, compare=False, default=b"")
+    table_raw: bytes = field(repr=False, compare=False, default=b"")
 
     def find(self, *, datatype: int | None = None, name: str | None = None) -> SifDescriptor | None:
         """The first descriptor of that type and/or name, or None."""
@@ -166,25 +169,6 @@ def _cstr(raw: bytes) -> str:
 
 
 # --- reading -----------------------------------------------------------------
-
-
-def _open_regular(path: Path):
-    """Open PATH for reading, or raise the SifError that says why not."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise SifError("not_found", f"{path}: no such file") from None
-    except OSError as exc:
-        raise SifError("unreadable", f"{path}: cannot stat ({exc.strerror})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise SifError("not_a_file", f"{path}: is a directory (a sandbox?), not a SIF file; "
-                                     "pass the .sif file itself")
-    if not stat.S_ISREG(st.st_mode):
-        raise SifError("not_a_file", f"{path}: not a regular file")
-    try:
-        return open(path, "rb"), st.st_size
-    except OSError as exc:
-        raise SifError("unreadable", f"{path}: cannot open ({exc.strerror})") from None
 
 
 def _not_a_sif(path: Path, head: bytes) -> SifError:
@@ -260,31 +244,59 @@ def _parse_descriptor(path: Path, slot: int, raw: bytes, fields: tuple, size: in
     return SifDescriptor(**desc)
 
 
-def read_sif(path: str | os.PathLike) -> SifInfo:
-    """Header and used descriptors of the SIF at PATH; raises SifError on anything malformed."""
-    path = Path(path)
-    fh, size = _open_regular(path)
-    with fh:
-        try:
-            head = fh.read(HEADER.size)
-            fields = _parse_header(path, head, size)
-            _check_layout(path, fields, size)
-            fh.seek(fields[9])
-            table = fh.read(fields[10])
-        except OSError as exc:
-            raise SifError("unreadable", f"{path}: read failed ({exc.strerror})") from None
+def opened(source: "str | os.PathLike | SifFile") -> SifFile:
+    """SOURCE itself when it is an open SIF, else the file at that path opened once (sif/handle.py)."""
+    return source if isinstance(source, SifFile) else SifFile.open(source)
+
+
+def read_sif(source: "str | os.PathLike | SifFile") -> SifInfo:
+    """Header and used descriptors of the SIF at SOURCE (a path, or a file already open), read from one
+    descriptor and judged as a whole (`judge_table`); raises SifError on anything malformed."""
+    fh = opened(source)
+    path, size = fh.path, fh.size
+    head = fh.read(0, HEADER.size)
+    fields = _parse_header(path, head, size)
+    _check_layout(path, fields, size)
+    table = fh.read(fields[9], fields[10])
     descriptors = []
     for slot in range(fields[8]):
         raw = table[slot * DESCRIPTOR.size:(slot + 1) * DESCRIPTOR.size]
         d = _parse_descriptor(path, slot, raw, fields, size)
         if d is not None:
             descriptors.append(d)
+    judge_table(path, descriptors)
     return SifInfo(path=str(path), file_size=size, launch_script=_cstr(fields[0]),
                    version=_cstr(fields[2]), arch=_arch_name(fields[3]), uuid=_uuid_str(fields[4]),
                    created=fields[5], modified=fields[6], descriptors_free=fields[7],
                    descriptors_total=fields[8], descriptors_offset=fields[9],
                    descriptors_size=fields[10], data_offset=fields[11], data_size=fields[12],
-                   descriptors=tuple(descriptors))
+                   descriptors=tuple(descriptors), file=fh, header_raw=head, table_raw=table)
+
+
+def judge_table(path, descriptors: list[SifDescriptor]) -> None:
+    """The descriptor table names each object once: no two objects with one ID (a signature check that keeps
+    one descriptor per ID judges one object while a reader that takes the first in slot order runs the
+    other), one primary partition at most, and no two objects sharing a byte (one signed object's bytes
+    read as another's).  apptainer's own SIFs hold to all three; SifError `corrupt_descriptor` otherwise."""
+    seen: dict[int, SifDescriptor] = {}
+    for d in descriptors:
+        if d.id in seen:
+            raise SifError("corrupt_descriptor", f"{path}: two objects carry ID {d.id} ({seen[d.id].datatype_name} "
+                                                 f"and {d.datatype_name}): a SIF names each object once; the "
+                                                 "file is damaged or crafted: get it again from its builder")
+        seen[d.id] = d
+    primary = [d for d in descriptors if d.datatype == DATA_PARTITION and d.partition_type == PART_PRIMSYS]
+    if len(primary) > 1:
+        raise SifError("corrupt_descriptor", f"{path}: {len(primary)} primary system partitions (objects "
+                                             f"{', '.join(str(d.id) for d in primary)}): a SIF runs one; the "
+                                             "file is damaged or crafted: get it again from its builder")
+    spans = sorted((d.offset, d.offset + d.size, d) for d in descriptors if d.size > 0)
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise SifError("corrupt_descriptor", f"{path}: objects {a.id} ({a.datatype_name}, bytes "
+                                                 f"{a.offset}..{a.offset + a.size}) and {b.id} ({b.datatype_name}, "
+                                                 f"bytes {b.offset}..{b.offset + b.size}) overlap: the file is "
+                                                 "damaged or crafted: get it again from its builder")
 
 
 def _uuid_str(raw: bytes) -> str:
@@ -298,13 +310,11 @@ def read_object(info: SifInfo, descriptor: SifDescriptor, *, limit: int = READ_O
         raise SifError("too_large", f"{info.path}: object {descriptor.id} ({descriptor.datatype_name}) is "
                                     f"{descriptor.size} bytes, over the {limit}-byte limit for reading "
                                     "into memory; mount partitions instead of reading them")
-    fh, size = _open_regular(Path(info.path))
-    with fh:
-        if descriptor.offset + descriptor.size > size:
-            raise SifError("truncated", f"{info.path}: object {descriptor.id} ends at byte "
-                                        f"{descriptor.offset + descriptor.size}, past the end ({size} bytes)")
-        fh.seek(descriptor.offset)
-        return fh.read(descriptor.size)
+    fh = info.file if info.file is not None else SifFile.open(info.path)
+    if descriptor.offset + descriptor.size > fh.size:
+        raise SifError("truncated", f"{info.path}: object {descriptor.id} ends at byte "
+                                    f"{descriptor.offset + descriptor.size}, past the end ({fh.size} bytes)")
+    return fh.read(descriptor.offset, descriptor.size)
 
 
 def primary_partition(info: SifInfo, *, arch: str | None = None) -> SifDescriptor:
@@ -325,13 +335,11 @@ def primary_partition(info: SifInfo, *, arch: str | None = None) -> SifDescripto
     return part
 
 
-def read_squashfs_superblock(path: str | os.PathLike, offset: int = 0) -> SquashfsSuperblock:
-    """The superblock of the squashfs image starting at OFFSET in PATH."""
-    path = Path(path)
-    fh, size = _open_regular(path)
-    with fh:
-        fh.seek(offset)
-        raw = fh.read(SQUASHFS_SUPERBLOCK.size)
+def read_squashfs_superblock(source: "str | os.PathLike | SifFile", offset: int = 0) -> SquashfsSuperblock:
+    """The superblock of the squashfs image starting at OFFSET in SOURCE (a path or an open file)."""
+    fh = opened(source)
+    path, size = fh.path, fh.size
+    raw = fh.read(offset, SQUASHFS_SUPERBLOCK.size)
     if len(raw) < SQUASHFS_SUPERBLOCK.size:
         raise SifError("truncated", f"{path}: ends before the squashfs superblock at byte {offset}")
     (magic, inodes, mtime, block_size, _frags, comp, _blog, _flags, _ids, major, minor,

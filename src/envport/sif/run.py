@@ -32,13 +32,12 @@
   read-only (and stays so in ch-run's user namespace), as `--bind SRC:DST:ro`
   is for apptainer;
 - apptainer: `apptainer exec --cleanenv [--nv] --bind SRC:DST[:ro] FILE CMD...`;
-- trust: `admit` is the one gate every mount and run goes through (`partition_offset`, hence `mounted` and
-  the per-task launcher; `apptainer_argv`): with a site's `trust.require_signed` (plan/site.py
-  `active_trust`) a SIF whose signatures do not verify against `trust.keys` is REFUSED (exit 3) before
-  anything is mounted or run. The verifier lives in the sif layer, above this one: sif/trust.py `install`
-  (called by the CLI) puts it here; with no verifier installed a required signature is refused, never
-  assumed.  The one mount it does not ask about is a build's own partial (`mounted(own_build=True)`: the
-  apptainer-binary route reads its SBOM before the file has a name, or a signature, to check).
+- trust: nothing here takes a path. `mounted` and `apptainer_argv` take a `Gated` (sif/gate.py: the file
+  opened once, its table judged, its signatures checked under the site's `trust.require_signed`) and
+  mount its partition by the judged offset and size from the open descriptor itself (`/proc/self/fd/N`
+  in a child that inherits it), so a file renamed over the name after the check is never what runs.
+  The one mount that is not gated is a build's own partial (`mounted_own_build`: the apptainer-binary
+  route reads its SBOM before the file has a name, or a signature, to check).
 """
 
 from __future__ import annotations
@@ -51,13 +50,14 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
-from envport.core.errors import EnvportError, ReasonError
+from envport.core.errors import ReasonError
 from envport.core.mounts import mounts
 from envport.core.proc import run, spawn
-from envport.engines.sif import primary_partition, read_sif
-from envport.plan.site import active_trust
+from envport.sif.format import primary_partition, read_sif
+from envport.sif.gate import Gated
+from envport.sif.handle import SifFile
 
 WITNESS_MOUNT = "/mnt"
 EXEC_ACTION = "/.singularity.d/actions/exec"
@@ -158,57 +158,6 @@ def missing_tools(kind: str) -> list[str]:
     return [f"{t} ({p})" for t, p in DEBIAN_PACKAGES.items() if shutil.which(t) is None]
 
 
-class TrustRefused(EnvportError):
-    """A SIF the site's trust policy refuses (reason unsigned, untrusted_signer or bad_signature); exit 3."""
-
-    exit_code = 3
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(f"REFUSED [{reason}] {message}")
-        self.reason = reason
-
-
-# (path, verdict, detail) of a check against trusted keys: sif/trust.py `judge`, put here by its `install`.
-Verifier = Callable[[Path, Sequence[str]], tuple[str, str]]
-_verifier: list[Verifier] = []
-# Verdicts already reached this process, by the file's identity and the keys: a witness run mounts once per
-# session but asks at preflight, mount and every task line; a changed file (size, mtime, inode) is asked again.
-_admitted: dict[tuple, tuple[str, str]] = {}
-
-
-def install_verifier(verifier: Verifier) -> None:
-    _verifier[:] = [verifier]
-
-
-def admit(sif: Path) -> None:
-    """Nothing when the site's trust policy lets SIF be mounted and run; else TrustRefused (module docstring)."""
-    policy = active_trust()
-    if not policy.require_signed:
-        return
-    if not _verifier:
-        raise TrustRefused("unsigned", f"{sif}: the site requires signed SIFs (trust.require_signed) and no "
-                           "signature verifier is installed in this process; run it through the envport CLI")
-    try:
-        st = os.stat(sif)
-    except OSError:
-        return  # not there: the reader names it (not_found) where it is opened
-    key = (str(Path(sif).absolute()), st.st_size, st.st_mtime_ns, st.st_ino, policy.keys)
-    if key not in _admitted:
-        _admitted[key] = _verifier[0](Path(sif), policy.keys)
-    verdict, detail = _admitted[key]
-    if verdict != "verified":
-        raise TrustRefused(verdict, f"{sif}: the site requires SIFs signed by a key in trust.keys "
-                           f"(trust.require_signed): {detail}; nothing was mounted or run. fix: sign it "
-                           "(envport sign FILE.sif --key KEY.pem) with a key the site trusts, or check it with "
-                           "envport inspect FILE.sif --key PUB.pem")
-
-
-def partition_offset(sif: Path) -> int:
-    """The primary partition's offset: the start of every mount, so the trust gate (`admit`) is asked first."""
-    admit(sif)
-    return primary_partition(read_sif(sif)).offset
-
-
 def squashfuse_options(offset: int) -> str:
     """squashfuse's -o for the partition at OFFSET: MOUNT_OPTIONS, and unmounted when squashfuse dies."""
     return f"{MOUNT_OPTIONS},offset={offset},auto_unmount"
@@ -252,17 +201,25 @@ def mount_kind() -> str:
     return "squashfuse"
 
 
-@contextlib.contextmanager
-def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None, *,
-            own_build: bool = False) -> Iterator[Path]:
-    """SIF's primary partition mounted `ro,nosuid,nodev` at `rootfs` in a fresh 0700 directory of this user
+def mounted_own_build(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None):
+    """`mounted` for the partial this process's build has just written, under a hidden name, not yet signed
+    (builders/apptainer/binary.py reads its SBOM): the trust gate, which is for SIFs from elsewhere, is not
+    asked (under trust.require_signed it would refuse every build)."""
+    info = read_sif(SifFile.open(sif))
+    return _mounted(info.file, primary_partition(info), prefix, parent)
+
+
+def mounted(gated: Gated, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None):
+    """GATED's partition mounted `ro,nosuid,nodev` at `rootfs` in a fresh 0700 directory of this user
     (PREFIX + random, in PARENT or the temp dir) for the duration (`mount_kind`; squashfuse where the kernel's
     mount fails, e.g. no loop device); unmounted and both removed afterwards, whatever happened (MountError
-    when no mount works).  OWN_BUILD: SIF is the partial this process's build has just written, under a
-    hidden name, not yet signed (builders/apptainer/binary.py reads its SBOM): the trust gate, which is for
-    SIFs from elsewhere, is not asked (under trust.require_signed it would refuse every build)."""
-    sif = Path(sif).absolute()
-    offset = primary_partition(read_sif(sif)).offset if own_build else partition_offset(sif)
+    when no mount works).  The bytes mounted are the open file's, at the judged offset and size."""
+    return _mounted(gated.file, gated.partition, prefix, parent)
+
+
+@contextlib.contextmanager
+def _mounted(sif: SifFile, part, prefix: str, parent: Optional[str]) -> Iterator[Path]:
+    offset = part.offset
     # mkdtemp: created 0700 and ours, atomically (O_EXCL), whoever can write PARENT (/tmp).
     mnt = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)) / ROOTFS
     try:
@@ -275,7 +232,7 @@ def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None,
     try:
         for n, kind in enumerate(kinds):
             try:
-                holder = _hold(kind, sif, offset, mnt)
+                holder = _hold(kind, sif, offset, part.size, mnt)
                 break
             except MountError:
                 if n == len(kinds) - 1:
@@ -285,15 +242,18 @@ def mounted(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None,
         _release(mnt, holder, kind)
 
 
-def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
-    """Start the holder of one mount of KIND and wait until MNT is mounted (MountError with its words)."""
-    argv = ["bash", "-c", KERNEL_HOLDER, "envport-sif-mount", f"{MOUNT_OPTIONS},loop,offset={offset}", str(sif),
-            str(mnt)] if kind == "kernel" \
+def _hold(kind: str, sif: SifFile, offset: int, size: int, mnt: Path) -> subprocess.Popen:
+    """Start the holder of one mount of KIND and wait until MNT is mounted (MountError with its words).  The
+    holder inherits SIF's descriptor and mounts `/proc/self/fd/N`: the open file, not whatever the name
+    points at now; the kernel's loop device is also limited to the partition's size."""
+    argv = ["bash", "-c", KERNEL_HOLDER, "envport-sif-mount", f"{MOUNT_OPTIONS},loop,offset={offset},sizelimit={size}",
+            sif.child_path, str(mnt)] if kind == "kernel" \
         else ["bash", "-c", HOLDER, "envport-sif-mount", squashfuse(), squashfuse_options(offset),
-              str(sif), str(mnt)]
+              sif.child_path, str(mnt)]
     tool = f"mount -t squashfs -o {MOUNT_OPTIONS},loop" if kind == "kernel" else squashfuse()
     with tempfile.TemporaryFile() as err:
-        holder = spawn(argv, stdout=subprocess.DEVNULL, stderr=err, new_session=True, dies_with=signal.SIGTERM)
+        holder = spawn(argv, stdout=subprocess.DEVNULL, stderr=err, new_session=True, dies_with=signal.SIGTERM,
+                       pass_fds=sif.pass_fds)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not is_mounted(mnt):
             if holder.poll() is not None or time.monotonic() > deadline:
@@ -302,7 +262,7 @@ def _hold(kind: str, sif: Path, offset: int, mnt: Path) -> subprocess.Popen:
                 holder.wait()
                 err.seek(0)
                 said = err.read().decode(errors="replace").strip()
-                raise MountError(f"{tool} of {sif} at {mnt} failed"
+                raise MountError(f"{tool} of {sif.path} at {mnt} failed"
                                  + (f": {said}" if said else f" (not mounted after {MOUNT_TIMEOUT_S:.0f}s)"))
             time.sleep(0.02)
     return holder
@@ -355,9 +315,12 @@ def ch_run_argv(mnt: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
     return ro + ["--", *out]
 
 
-def apptainer_argv(sif: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
+def apptainer_argv(gated: Gated, argv: Sequence[str], *, env: Mapping[str, str] = (),
                    binds: Sequence[tuple[str, str, bool]] = (), nv: bool = False) -> list[str]:
-    admit(Path(sif))
+    """apptainer exec of the gated file: named by this process's descriptor (`/proc/PID/fd/N`, which every
+    child of this process can open while it lives), never by the path that was judged (not run here: no
+    apptainer on this project's machines)."""
+    sif = f"/proc/{os.getpid()}/fd/{gated.file.fd}"
     out = [apptainer() or "apptainer", "exec", "--cleanenv"] + (["--nv"] if nv else [])
     for src, dst, ro in binds:
         out += ["--bind", f"{src}:{dst}" + (":ro" if ro else "")]

@@ -1,0 +1,142 @@
+"""The trust gate: the one place a SIF becomes something envport may mount, extract, hash or run.
+
+One gate, one object (docs/apptainer.md, "What the gate guarantees"):
+
+1. the file is opened once (sif/handle.py: the path resolved, O_NOFOLLOW) and refused when a user other
+   than this one or root could rewrite it or swap its name (`sif_unsafe`);
+2. its header and descriptor table are read from that descriptor and judged whole (sif/format.py
+   `judge_table`: no ID twice, one primary partition, no overlapping objects: `corrupt_descriptor`);
+3. under a site's `trust.require_signed` its signatures are checked on that same reading against
+   `trust.keys` (sif/verify.py), and the primary partition must be one of the objects a verified signature
+   covers, by the descriptor that was compared (`TrustRefused`, exit 3);
+4. what is mounted afterwards is that descriptor's bytes: `Gated.partition` (offset and size) of
+   `Gated.file` (the open descriptor), never the path again (sif/run.py `mounted`).
+
+The content checks `envport inspect` runs (layout, the partition's sha256 against its build record,
+trailing bytes, superblock, risks) need the spec layers above this one: builders/apptainer/sif_inspect.py
+`admitted` runs them on the Gated this returns.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from envport.core.errors import EnvportError
+from envport.plan.site import active_trust
+from envport.sif.format import SifDescriptor, SifInfo, primary_partition, read_sif
+from envport.sif.handle import SifError, SifFile, unsafe
+
+VERIFIED = "verified"
+
+
+class TrustRefused(EnvportError):
+    """A SIF the site's trust policy refuses (reason unsigned, untrusted_signer or bad_signature); exit 3."""
+
+    exit_code = 3
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"REFUSED [{reason}] {message}")
+        self.reason = reason
+        self.detail = message
+
+
+@dataclass(frozen=True)
+class Gated:
+    """A SIF that passed the gate: the open file, the table read from it, and the partition to mount."""
+
+    file: SifFile
+    info: SifInfo
+    partition: SifDescriptor  # the primary partition: by the offset and size that were judged
+    trust: str  # "verified (KEYS)", or why signatures were not required
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+
+def judge_signatures(source, key_files: Sequence[str]) -> tuple[str, str, frozenset]:
+    """(verdict, detail, the IDs a verified signature covers) of SOURCE's signatures (a path, an open file
+    or a SifInfo already read) against the PEM public keys KEY_FILES: `verified`, or the reason token
+    (unsigned, untrusted_signer, bad_signature; a SifError's reason for a file that does not read)."""
+    from envport.sif.keys import KeyFileError, load_public_key
+    from envport.sif.verify import UNCHECKED, UNTRUSTED, check_signatures
+
+    try:
+        keys = [load_public_key(f) for f in key_files]
+    except KeyFileError as exc:
+        return UNTRUSTED, f"a trusted key does not load: {exc}", frozenset()
+    try:
+        checked = check_signatures(source, keys)
+    except SifError as exc:
+        return exc.reason, exc.message, frozenset()
+    verdict = UNTRUSTED if checked.verdict == UNCHECKED else checked.verdict
+    return verdict, "; ".join(checked.problems) or VERIFIED, checked.signed_ids
+
+
+def judge(path, key_files: Sequence[str]) -> tuple[str, str]:
+    """(verdict, detail) of `judge_signatures`: what `envport pull` asks of a file it downloaded."""
+    verdict, detail, _ = judge_signatures(path, key_files)
+    return verdict, detail
+
+
+def refusal_fix() -> str:
+    return ("fix: ask its builder for a SIF signed by a key in the site's trust.keys (or add their public key "
+            "there); envport inspect FILE.sif --key PUB.pem shows who signed it")
+
+
+# Gated files of this process, by the file's identity and the policy: a witness run asks at preflight,
+# at the mount and for every task line; one open file serves them all.
+_gated: dict[tuple, Gated] = {}
+
+
+def _cache_key(path: Path, policy, arch: Optional[str]) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns, policy.keys,
+            policy.require_signed, arch)
+
+
+def gate(path: str | os.PathLike, *, arch: Optional[str] = None) -> Gated:
+    """SIF at PATH through the gate (module docstring): a Gated, or SifError (the file), or TrustRefused (the
+    site's policy).  ARCH: the architecture the partition must be for (default this machine's)."""
+    policy = active_trust()
+    key = _cache_key(Path(path), policy, arch)
+    hit = _gated.get(key) if key else None
+    if hit is not None and hit.file.fd >= 0 and hit.file.unchanged():
+        return hit
+    fh = SifFile.open(path)
+    why = unsafe(fh)
+    if why:
+        fh.close()
+        raise SifError("sif_unsafe", f"{why}; nothing was mounted or run. fix: copy it into a folder only you "
+                                     "(or root) can write, owned by you (cp FILE ~/sifs/), and use the copy")
+    info = read_sif(fh)
+    trust = "signatures not required (the site sets no trust.require_signed)"
+    if policy.require_signed:
+        verdict, detail, signed = judge_signatures(info, policy.keys)
+        if verdict != VERIFIED:
+            raise TrustRefused(verdict, f"{fh.path}: the site requires SIFs signed by a key in trust.keys "
+                               f"(trust.require_signed): {detail}; nothing was mounted or run. {refusal_fix()}")
+    part = primary_partition(info, arch=arch)
+    if policy.require_signed:
+        if part.id not in signed:
+            raise TrustRefused("unsigned", f"{fh.path}: the primary partition (object {part.id}) is not among "
+                               "the objects a verified signature covers; nothing was mounted or run. "
+                               + refusal_fix())
+        trust = "signatures verified against " + ", ".join(Path(k).name for k in policy.keys)
+    gated = Gated(fh, info, part, trust)
+    if key is not None and (fh.st.st_ino, fh.st.st_size, fh.st.st_ctime_ns) == key[2:5]:
+        _gated[key] = gated
+    return gated
+
+
+def forget() -> None:
+    """Close every file this process gated (tests that swap files in place under one name call it)."""
+    for g in _gated.values():
+        g.file.close()
+    _gated.clear()
