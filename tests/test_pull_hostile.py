@@ -411,7 +411,9 @@ def test_g7_a_trickling_registry_is_refused_naming_the_stall(project, hostile, s
     assert listing(out) == []
 
 
-def test_g7_sigterm_mid_pull_removes_the_partial_and_exits_130(project, hostile, sif_bytes, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_g7_sigterm_mid_pull_removes_the_partial_and_exits_130(project, hostile, sif_bytes, tmp_path, sig):
+    """SIGTERM (a scheduler's, `timeout`'s) and SIGHUP (a closed terminal) end a pull as Ctrl-C does."""
     serve(hostile, sif_bytes)
     hostile.blob = trickle(hostile, sif_bytes, 0.2)
     out = tmp_path / "out"
@@ -424,14 +426,14 @@ def test_g7_sigterm_mid_pull_removes_the_partial_and_exits_130(project, hostile,
                 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert any(out.glob(f".{NAME}.partial-*")), f"no partial appeared: {listing(out)}"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, (proc.returncode, err)
-    assert "SIGTERM" in err and "partial" in err and "Traceback" not in err, err
+    assert sig in err and "partial" in err and "Traceback" not in err, err
     assert listing(out) == []
 
 

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         from envport.core.proc import Terminated
 
         # Name the signal: a SIGTERM from a scheduler and a Ctrl-C call for different next steps.
-        print(f"envport: interrupted by {'SIGTERM' if isinstance(exc, Terminated) else 'SIGINT'}", file=sys.stderr)
+        print(f"envport: interrupted by {exc.signal_name if isinstance(exc, Terminated) else 'SIGINT'}",
+              file=sys.stderr)
         return 130
     except BrokenPipeError:
         # `envport show X | head`: the reader left; say nothing more (and no traceback at exit's flush).

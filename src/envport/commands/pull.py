@@ -105,7 +105,7 @@ def run(args) -> int:
     step = f"pull {ref}"
     start = time.monotonic()
     try:
-        # SIGTERM (a scheduler's, a `timeout`'s) ends the pull as Ctrl-C does: the partial removed, exit 130.
+        # SIGTERM (a scheduler's, a `timeout`'s) and SIGHUP end the pull as Ctrl-C does: the partial removed, exit 130.
         with sigterm_interrupts():
             out = registry.pull_sif(ref, Path(args.output), ca=site.registry_ca, force=args.force, idle=idle,
                                     check=check, progress=transfer_progress(f"pull {ref}"))

@@ -102,25 +102,31 @@ def stream_lines(proc: subprocess.Popen, on_line: Callable[[str], None], grace_s
 
 
 class Terminated(KeyboardInterrupt):
-    """A SIGTERM, raised as an interrupt by `sigterm_interrupts`."""
+    """A SIGTERM or SIGHUP, raised as an interrupt by `sigterm_interrupts`; `signal_name` says which."""
+
+    def __init__(self, signal_name: str = "SIGTERM"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Turn SIGTERM into an interrupt meanwhile, so `finally` blocks (a container's removal, an unmount) run;
-    the CLI reports it as interrupted (exit 130). A no-op outside the main thread."""
+    """Turn SIGTERM and SIGHUP (a closed terminal, a logged-out session) into an interrupt meanwhile, so
+    `finally` blocks (a container's removal, an unmount, a partial download) run; the CLI reports it as
+    interrupted (exit 130), naming the signal. A no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def _raise(signum, frame):
-        raise Terminated()
+        raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def dies_with_parent(sig: int) -> Callable[[], None]:
