@@ -106,3 +106,8 @@ ssh-verify name *args:
 
 ssh-witness name *args:
     @{{envport}} witness "$@" --target venv --host test
+
+# Regenerate docs/cli.md's command and target tables from the parser and the target registry
+# (tests/test_cli_docs.py fails when they drift).
+docs:
+    @PYTHONPATH=src python3 -c 'from pathlib import Path; from envport.cli import build_parser; from envport.commands.clidoc import write; write(Path("docs/cli.md"), build_parser())'

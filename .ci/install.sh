@@ -4,13 +4,13 @@
 # (iproute2's ip netns, util-linux's nsenter), sshd, and the SIF/apptainer-build tools
 # (siftool, squashfs-tools, squashfuse, fuse3, charliecloud-runtime's ch-run,
 # bubblewrap), rootless podman (podman, uidmap's newuidmap, slirp4netns, fuse-overlayfs, catatonit for
-# --init), then envport itself with its test extra. Idempotent: installed packages are not touched again.
+# --init), Lmod (the module tests: `envport module`), then envport itself with its test extra. Idempotent: installed packages are not touched again.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages=(docker.io debootstrap slurm-wlm munge iproute2 util-linux openssh-server
           siftool squashfs-tools squashfuse fuse3 charliecloud-runtime bubblewrap gnupg docker-registry
-          podman uidmap slirp4netns fuse-overlayfs catatonit)
+          podman uidmap slirp4netns fuse-overlayfs catatonit lmod)
 # Another apt/dpkg run (e.g. a provisioning step) may hold the lock: wait for
 # it, but not forever.
 lock_wait_s=${ENVPORT_APT_LOCK_WAIT:-600}

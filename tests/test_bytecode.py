@@ -60,8 +60,8 @@ def _installs(text: str) -> list[str]:
 @pytest.mark.parametrize("installer,bytecode", list(CASES), ids=[f"{i}-{b or 'default'}" for i, b in CASES])
 @pytest.mark.parametrize("target", list(RECIPES))
 def test_each_install_carries_only_the_flag_its_installer_needs(tiny, installer, bytecode, target):
-    resolved = resolve(load_spec("tiny", tiny), _site(installer, bytecode), target)
     renderer, recipe = RECIPES[target]
+    resolved = resolve(load_spec("tiny", tiny), _site(installer, bytecode), renderer)
     files = render_plan(resolved.plan, resolved.identity.hash, (renderer,)).files
     text = files[recipe][0].decode()
     installs = _installs(text)

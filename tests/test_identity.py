@@ -43,7 +43,7 @@ def test_every_artefact_carries_the_resolved_identity(project, tmp_path):
     assert f"({ENV_NAME}@{ident.hash12}, as site 'local' builds it)" in dockerfile.splitlines()[0]
 
     # the venv's setup script records the same hash in the env
-    script = shell.script_text(resolve(loaded, site, "venv"))
+    script = shell.script_text(resolve(loaded, site, "shell"), "venv")
     assert f"ENVPORT_HASH={ident.hash}" in script and ident.hash12 in script.splitlines()[1]
 
     # the Slurm job script for the docker target runs the same image
@@ -69,3 +69,55 @@ def test_committed_images_are_the_portable_rendering_and_say_so(project):
     assert sited.hash != bare.hash
     shown = run_envport("show", ENV_NAME, root=project).stdout
     assert bare.ref in shown and sited.ref in shown and "ca_bundle" in shown
+
+
+def test_a_new_container_target_gets_the_container_plan(project, tmp_path, monkeypatch):
+    """A stand-in container target, registered here for this test only (no such backend exists): declaring
+    `recipe = "docker"` is all it does, and it gets the container plan: the site's CA step and pip sources.
+
+    Before, recipe.identity chose the plan from a hard-coded ("docker", "apptainer") tuple, so any other
+    container target got the host plan (no CA step, no site index) under the same hash."""
+    import sys
+    import types
+
+    from envport.plan.steps import CaStep
+    from envport.targets import registry
+    from envport.targets.base import Target
+
+    class StandIn(Target):
+        name = "standin"
+        recipe = "docker"
+        summary = "a test's stand-in container target"
+
+    module = types.ModuleType("envport.targets.standin")
+    module.TARGET = StandIn()
+    monkeypatch.setitem(sys.modules, "envport.targets.standin", module)
+    monkeypatch.setattr(registry, "NAMES", (*registry.NAMES, "standin"))
+    registry.get.cache_clear()
+    try:
+        standin = registry.get("standin")
+    finally:
+        registry.get.cache_clear()
+    site_file = tmp_path / "standin.yaml"
+    site_file.write_text("name: standin\nnetwork: host\nregistry: true\nwheelhouse: false\n"
+                         "ca_bundle: /etc/ssl/certs/ca-certificates.crt\n"
+                         "pip:\n  index_url: https://pypi.example.org/simple\n")
+    site, loaded = load_site(str(site_file), project), load_spec(ENV_NAME, project)
+
+    plan = resolve(loaded, site, standin).plan
+    assert any(isinstance(s, CaStep) for s in plan.steps), "the stand-in got no CA step"
+    pips = [s for s in plan.steps if s.kind == "pip"]
+    assert pips and all("https://pypi.example.org/simple" in s.site_args for s in pips), [s.site_args for s in pips]
+    assert plan == resolve(loaded, site, "docker").plan
+    # the host recipe keeps the host's own pip configuration: no CA step
+    assert not any(isinstance(s, CaStep) for s in resolve(loaded, site, "shell").plan.steps)
+    assert resolve(loaded, site, standin).hash == resolve(loaded, site, "shell").hash
+
+
+def test_a_plan_for_a_name_that_is_not_a_recipe_kind_says_the_fix(project):
+    import pytest
+
+    resolved = resolve(load_spec(ENV_NAME, project), load_site("local", project), "venv")
+    assert resolved.identity.key.startswith(f"env:{ENV_NAME}@")  # the identity is the target's to ignore
+    with pytest.raises(ValueError, match=r"recipe kind \(docker, apptainer, shell\), not 'venv'.*registry.get"):
+        assert resolved.plan is None  # raises first

@@ -29,12 +29,10 @@ def wheelhouse(tmp_path_factory):
     return make_wheelhouse(tmp_path_factory.mktemp("wheels"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_during_a_venv_build_exits_130_naming_it(tmp_path, wheelhouse, sig):
-    proj = ShellProject.make(tmp_path / "project", wheelhouse)
-    shutil.copytree(REPO / "sites", proj.root / "sites")
-    proj.write(spec_data(NAME, [["alpha==1.0"]], run_commands=["sleep 300"]))
-    proc = subprocess.Popen(proj.argv(NAME), cwd=proj.root, env=proj.env(), stdout=subprocess.PIPE,
+def signalled_in_pip_phase(argv: list[str], proj, sig) -> tuple[subprocess.Popen, str, str]:
+    """ARGV (a build of a spec whose first pip phase installs alpha==1.0) run in its own process group, as a
+    terminal's foreground job; SIG sent to the group once the build is inside that phase. (proc, out, err)."""
+    proc = subprocess.Popen(argv, cwd=proj.root, env=proj.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         seen = []
@@ -50,6 +48,15 @@ def test_a_signal_during_a_venv_build_exits_130_naming_it(tmp_path, wheelhouse, 
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return proc, out, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_venv_build_exits_130_naming_it(tmp_path, wheelhouse, sig):
+    proj = ShellProject.make(tmp_path / "project", wheelhouse)
+    shutil.copytree(REPO / "sites", proj.root / "sites")
+    proj.write(spec_data(NAME, [["alpha==1.0"]], run_commands=["sleep 300"]))
+    proc, out, err = signalled_in_pip_phase(proj.argv(NAME), proj, sig)
     assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err}"
     data = json.loads(out)
     assert data["exit_code"] == 130, data

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from .registry_fixture import registry  # noqa: F401
 from .support import copy_project, copy_tracked, missing, unique, write_spec
 
 USER = os.environ.get("ENVPORT_PODMAN_USER", "envport-podman")
@@ -36,7 +37,8 @@ PODMAN_VENV = Path(os.environ.get("ENVPORT_PODMAN_VENV", "/var/tmp/envport-podma
 # The interpreter the test user can run (Debian's), and the distributions envport needs on it.
 USER_PYTHON = "/usr/bin/python3"
 USER_DEPS = ("pydantic>=2.6", "PyYAML>=6", "Jinja2>=3.1", "packaging>=23", "cryptography>=41", "tree-sitter>=0.23",
-             "tree-sitter-bash>=0.23", "docker>=7", "pytest-testinfra>=10", "pytest>=8", "dockerfile-parse>=2")
+             "tree-sitter-bash>=0.23", "docker>=7", "pytest-testinfra>=10", "pytest>=8", "dockerfile-parse>=2",
+             "cyclonedx-python-lib[json-validation]>=8", "oras>=0.2.25")
 
 # Runs as the test user: parity's probe through the podman target, as `envport parity` runs it.
 PROBE_DRIVER = textwrap.dedent("""
@@ -278,3 +280,47 @@ def test_single_uid_mode_is_refused_with_the_fix(user_venv, tmp_path):
     assert "podman system migrate" in result["detail"]
     (pair,) = [p for p in json.loads(matrix.stdout)["pairs"] if p["target"] == "podman"]
     assert pair["runnable"] is False and pair["why_not"].startswith("podman_single_uid: podman engine: "), pair
+
+
+def _push_site(project: Path, ca: Path) -> str:
+    """sites/pushreg.yaml: the local site plus the CI registry's CA (registry_ca reaches no recipe: same hash)."""
+    pw = _user(USER)
+    shutil.copyfile(ca, project / "registry-ca.crt")
+    text = (project / "sites" / "local.yaml").read_text().replace("name: local", "name: pushreg", 1)
+    (project / "sites" / "pushreg.yaml").write_text(text + f"\nregistry_ca: {project / 'registry-ca.crt'}\n")
+    for path in (project / "registry-ca.crt", project / "sites" / "pushreg.yaml"):
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    return "pushreg"
+
+
+def test_push_through_the_podman_target_to_the_ci_registry(tiny, registry):
+    """`envport push NAME --target podman` (rootless) to the CI registry over TLS: the manifest is there under
+    the hash12 tag. Before, `--target podman` was an argparse error (exit 2)."""
+    project, name, results, _ = tiny
+    site = _push_site(project, registry.ca)
+    repo = f"envport/{unique('pm')}"
+    (step,), _ = envport(USER, "push", name, "--target", "podman", "--site", site, "--to", registry.url(repo),
+                         project=project)
+    hash12 = results[-1]["data"]["image"].rsplit(":", 1)[1]
+    assert step["verdict"] == "OK" and hash12 in step["detail"], step
+    assert step["data"]["manifest_digest"].startswith("sha256:"), step
+    status, _, body = registry.get(f"/v2/{repo}/manifests/{hash12}",
+                                   accept="application/vnd.oci.image.manifest.v1+json,"
+                                          "application/vnd.docker.distribution.manifest.v2+json")
+    assert status == 200, body[:300]
+    for pushed in step["data"]["pushed"]:
+        as_user(USER, "podman", "rmi", pushed, cwd=project, timeout=120)
+
+
+def test_sbom_through_the_podman_target(tiny):
+    """`envport sbom NAME --target podman`: the image's filesystem exported rootless, its packages listed."""
+    project, name, results, _ = tiny
+    out = project / "sbom.cdx.json"
+    proc = as_user(USER, "envport", "sbom", name, "--target", "podman", "-o", str(out), cwd=project)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bom = json.loads(out.read_text())
+    names = {c["name"] for c in bom["components"]}
+    assert "six" in names, sorted(names)[:20]
+    props = {p["name"]: p["value"] for p in bom["metadata"]["properties"]}
+    assert props["envport:target"] == "podman" and props["envport:hash"][:12] == \
+        results[-1]["data"]["image"].rsplit(":", 1)[1]

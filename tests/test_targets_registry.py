@@ -32,13 +32,8 @@ KNOWN = {
     ("builders/present_cache.py", "inputs_digest"): "builders (helper cleanup): where a remembered SIF lives",
     ("commands/fast.py", "<module>"): "the no-op build's stdlib-only fast path: importing the registry costs it",
     ("commands/fast.py", "answer"): "the no-op build's stdlib-only fast path",
-    ("commands/push.py", "<module>"): "push (helper trust): what can be pushed to a registry",
-    ("commands/push.py", "run"): "push (helper trust)",
-    ("commands/sbom.py", "<module>"): "sbom (helper trust): which built envs have an SBOM",
-    ("commands/sbom.py", "_from_name"): "sbom (helper trust)",
     ("sif/sbom.py", "build_bom"): "sbom (helper trust): a container or an application",
     ("report/doctor.py", "tools"): "doctor (helper house): the binaries it looks for, not targets",
-    ("recipe/identity.py", "<module>"): "recipe (below targets/): which plan a target renders",
     ("renderers/__init__.py", "<module>"): "renderers: recipe kinds, not targets (docker, apptainer, shell)",
     ("renderers/shell.py", "<module>"): "renderers: the setup script's two flavours",
     ("recipe/render.py", "render_plan"): "recipe: the recipe kinds rendered together",
@@ -139,7 +134,8 @@ def test_the_checker_leaves_one_name_and_other_words_alone():
 
 
 def test_every_target_module_defines_one_target_and_is_listed():
-    modules = {p.stem for p in (SRC / "targets").glob("*.py")} - {"__init__", "base", "registry", "needs", "host", "gc"}
+    modules = {p.stem for p in (SRC / "targets").glob("*.py")} - {"__init__", "base", "registry", "needs", "host", "gc",
+                                                                  "push", "sbom"}
     assert modules == set(registry.NAMES)
     for t in registry.every():
         assert isinstance(t, Target) and t.name in registry.NAMES and t.summary and t.recipe
@@ -175,3 +171,23 @@ def test_every_command_offers_every_target_the_registry_names():
 
     for command in (build.BUILD_TARGETS, up.TARGETS, verify.VERIFY_TARGETS, witness.TARGETS):
         assert command == registry.NAMES
+
+
+@pytest.mark.parametrize("command", ["push", "sbom"])
+def test_push_and_sbom_of_a_target_without_them_say_why(project, command):
+    """`push`/`sbom --target conda` were argparse errors (exit 2, no reason): now REFUSED [unsupported] with why,
+    from the target's own `unsupported` table (the command keeps no list of its own)."""
+    extra = ["--to", "oras://127.0.0.1:1/envport/x", "--json"] if command == "push" else []
+    proc = run_envport(command, "demo-cpu", "--target", "conda", *extra, root=project)
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    why = registry.get("conda").unsupported[command]
+    if command == "push":
+        step = as_json(proc)["steps"][0]
+        assert step["verdict"] == "REFUSED" and step["reason"] == "unsupported" and why in step["detail"]
+    else:
+        assert "REFUSED" in proc.stderr and "[unsupported]" in proc.stderr and why[:60] in proc.stderr, proc.stderr
+
+
+def test_push_and_sbom_are_asked_of_the_targets():
+    assert set(registry.names("push")) == {"docker", "apptainer", "podman"}
+    assert set(registry.names("sbom")) == {"docker", "apptainer", "venv", "podman"}

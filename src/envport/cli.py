@@ -33,6 +33,7 @@ COMMANDS = [
     "sign",
     "verify_sig",
     "sbom", "push", "pull",
+    "module",
     "verify",
     "witness",
     "weights",

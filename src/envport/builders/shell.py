@@ -71,8 +71,8 @@ exit "$rc"
 """
 
 
-def script_text(resolved: Resolved) -> str:
-    fname = f"setup-{resolved.target}.sh"
+def script_text(resolved: Resolved, flavour: str) -> str:
+    fname = f"setup-{flavour}.sh"
     rendering = render_plan(resolved.plan, resolved.hash, ("shell",), site=resolved.identity.site)
     return rendering.files[fname][0].decode()
 
@@ -80,13 +80,13 @@ def script_text(resolved: Resolved) -> str:
 def build(loaded: Loaded, site, root: Path, *, flavour: str, host: str | None = None, rebuild: bool = False,
           check: bool = False, install_system_pkgs: bool = False, progress: Progress) -> list[StepResult]:
     name = f"build {loaded.spec.name} ({flavour}{' on ' + host if host else ''})"
-    resolved = resolve(loaded, site, flavour)
+    resolved = resolve(loaded, site, "shell")
     env_pairs = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     for flag, key in ((rebuild, "ENVPORT_REBUILD"), (check, "ENVPORT_CHECK"),
                       (install_system_pkgs, "ENVPORT_INSTALL_SYSTEM_PKGS")):
         if flag:
             env_pairs[key] = "1"
-    script = script_text(resolved).encode()
+    script = script_text(resolved, flavour).encode()
     target_host = resolve_host(site, host)
     if target_host is None:
         argv = ["bash", "-c", WRAPPER, "envport-build", str(len(script))]

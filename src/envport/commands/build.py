@@ -82,6 +82,7 @@ def run(args) -> int:
         return fast
     from envport.core.progress import stderr_progress
     from envport.core.verdict import report
+    from envport.flow.build import run_build
     from envport.plan.site import load_site
     from envport.recipe.identity import resolve
     from envport.report import ledger
@@ -91,44 +92,27 @@ def run(args) -> int:
     site = load_site(args.site, root)
     site, refused, lock_fact = lock_gate(args.no_lock, loaded, site)
     identity = resolve(loaded, site, args.target).identity
-    try:
-        results = [refused] if refused else _build(args, loaded, site, root, identity, stderr_progress)
-    except KeyboardInterrupt:
-        # The ledger says the build was stopped, not that it broke (issue 27 row 10); the CLI exits 130.
-        _record_interrupted(root, loaded, args, identity, site, lock_fact)
-        raise
-    from envport.flow.build_changes import what_changed
-
-    # The {name: version} the ledger keeps for this build, where known.
-    dists = None if refused else what_changed(target, root, loaded, site, identity, lock_fact, results[-1])
-    if args.sign and results[-1].verdict.ok and results[-1].data.get("sif"):
+    built = run_build(target, _request(args, loaded, site, root, identity, stderr_progress),
+                      lock_refused=refused, lock_fact=lock_fact)
+    if built.interrupted is not None:
+        built.record(ledger.record)
+        raise built.interrupted  # the CLI exits 130, naming the signal
+    results = list(built.results)
+    if args.sign and built.last.verdict.ok and built.last.data.get("sif"):
         from pathlib import Path
 
         from envport.commands.sign import sign_step
 
-        results.append(sign_step(Path(results[-1].data["sif"]), [args.sign], None))
+        results.append(sign_step(Path(built.last.data["sif"]), [args.sign], None))
     code = report(results, args.json, command="build")
-    last = results[-1]
-    if args.sign and len(results) > 1 and last.verdict.ok:
-        last = results[-2]  # the ledger keeps the build's facts (sif, size); the signature is in the file
     # --check builds nothing: a record per check made 12 `build FAILED` rows for 0 failed builds.
+    # The ledger keeps the build's facts (sif, size); a signature is in the file.
     if not args.check:
-        stopped = {"verdict": "interrupted"} if last.reason == "interrupted" else {}
-        known = {"dists": dists} if dists is not None else {}
-        ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=last,
-                      site=site, seconds=sum(r.seconds for r in results), lock=lock_fact, **stopped, **known)
+        built.record(ledger.record)
     if not args.json:
-        print(f"{last.verdict.value} {identity.ref} --target {args.target}")
+        shown = results[-1] if not results[-1].verdict.ok else built.last  # a failed signature, else the build
+        print(f"{shown.verdict.value} {identity.ref} --target {args.target}")
     return code
-
-
-def _record_interrupted(root, loaded, args, identity, site, lock_fact) -> None:
-    from envport.core.verdict import StepResult, Verdict
-    from envport.report import ledger
-
-    stopped = StepResult(f"build {loaded.spec.name}", Verdict.FAILED, "interrupted", reason="interrupted")
-    ledger.record(root, loaded.spec, kind="build", target=args.target, hash_=identity.hash, result=stopped,
-                  site=site, lock=lock_fact, verdict="interrupted")
 
 
 def _rememberable(args, loaded) -> bool:
@@ -136,10 +120,10 @@ def _rememberable(args, loaded) -> bool:
     return args.spec == loaded.spec.name and not args.no_lock
 
 
-def _build(args, loaded, site, root, identity, progress):
+def _request(args, loaded, site, root, identity, progress):
     from envport.targets.base import BuildRequest
 
-    return get(args.target).build(BuildRequest(
+    return BuildRequest(
         loaded, site, root, identity, site_name=args.site, host=args.host, rebuild=args.rebuild,
         no_cache=args.no_cache, check=args.check, install_system_pkgs=args.install_system_pkgs,
-        from_docker=args.from_docker, remember=_rememberable(args, loaded), progress=progress))
+        from_docker=args.from_docker, remember=_rememberable(args, loaded), progress=progress)

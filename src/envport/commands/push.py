@@ -1,14 +1,10 @@
-"""`envport push NAME --target apptainer|docker --to oras://HOST/REPO[:TAG]`: a built env into a registry."""
+"""`envport push NAME --target T --to oras://HOST/REPO[:TAG]`: a built env into a registry, by its target."""
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 
-PUSH_TARGETS = ("apptainer", "docker")
-HASH_RE = re.compile(r"[0-9a-f]{64}")
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+from envport.targets.registry import NAMES, names
 
 
 def register(sub) -> None:
@@ -23,17 +19,20 @@ def register(sub) -> None:
                        "application/vnd.sylabs.sif.config.v1+json `{}` and one layer "
                        "application/vnd.sylabs.sif.layer.v1.sif titled with the file name. docker: the image "
                        "envport/<name>:<hash12>, tagged HOST/REPO:TAG and pushed by the docker engine (which "
-                       "reads the registry's CA from /etc/docker/certs.d/HOST/ca.crt). TLS: the site profile's "
+                       "reads the registry's CA from /etc/docker/certs.d/HOST/ca.crt). podman: the same image in "
+                       "this user's podman storage, pushed by `podman push` (the site's registry_ca as its "
+                       "--cert-dir). A target that cannot push is refused, unsupported, with why. TLS: the site profile's "
                        "registry_ca, else the system's CAs. Credentials: ENVPORT_REGISTRY_USER and "
                        "ENVPORT_REGISTRY_PASSWORD, else the docker config file (never on the command line). "
                        "Exit 0 pushed, 3 refused (registry_unreachable, sif_missing, image_missing, denied, "
-                       "tls_failed, sif_other_env, not_envport), 1 failed, 2 usage.")
+                       "tls_failed, sif_other_env, not_envport, unsupported), 1 failed, 2 usage.")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--to", required=True, metavar="oras://HOST/REPO[:TAG]", help="the registry repository")
-    p.add_argument("--target", choices=PUSH_TARGETS, default="apptainer", help="what to push (default: apptainer)")
+    p.add_argument("--target", choices=NAMES, default="apptainer",
+                   help=f"what to push (default: apptainer; pushes: {', '.join(names('push'))})")
     p.add_argument("--tag", action="append", default=[], help="one more tag (repeatable); the hash12 tag is always "
                    "pushed (a --sif FILE's: of its own envport.hash label, when it has one)")
-    p.add_argument("--sif", default=None, metavar="FILE", help="apptainer: push this SIF instead of the built one, "
+    p.add_argument("--sif", default=None, metavar="FILE", help="a SIF target: push this SIF instead of the built one, "
                    "under the hash12 of its own envport.hash label (never the spec's)")
     p.add_argument("--site", default=None, help="site profile (default: local): the env's hash and registry_ca")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -46,7 +45,9 @@ def run(args) -> int:
     from envport.core.verdict import report
     from envport.engines import registry
     from envport.plan.site import load_site
-    from envport.recipe.identity import resolve
+    from envport.recipe.identity import identify
+    from envport.targets.base import PushRequest, Unsupported
+    from envport.targets.registry import get
 
     try:
         ref = registry.parse_ref(args.to)
@@ -57,101 +58,11 @@ def run(args) -> int:
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
-    identity = resolve(loaded, site, args.target).identity
-    named = [*([ref.tag] if ref.tag else []), *args.tag]
-    if args.target == "docker":
-        result = _push_image(identity, ref, list(dict.fromkeys([identity.hash12, *named])), loaded.spec.name)
-    else:
-        from envport.builders.apptainer.builder import sif_path
-
-        sif = Path(args.sif) if args.sif else sif_path(site, root, identity)
-        result = _push_sif(sif, ref, named, site.registry_ca, loaded.spec.name, given=bool(args.sif))
+    named = (*([ref.tag] if ref.tag else []), *args.tag)
+    req = PushRequest(loaded, site, root, identify(loaded, site), ref, named,
+                      sif=Path(args.sif) if args.sif else None)
+    try:
+        result = get(args.target).push(req)
+    except Unsupported as exc:
+        result = exc.result(f"push {loaded.spec.name} --target {args.target}")
     return report([result], args.json, command="push")
-
-
-def _shown(text: str) -> str:
-    """A label's value as a person should see it: escapes escaped, at most 80 characters."""
-    return repr(text if len(text) <= 80 else text[:77] + "...")
-
-
-def _push_sif(sif: Path, ref, named: list[str], ca, name: str, given: bool):
-    """SIF pushed under the hash12 of its own envport.hash label plus the NAMED tags. A SIF of another env
-    (its envport.name label) is refused; one without an envport.hash label goes under NAMED alone.  The file
-    goes through the trust gate and inspect's content checks first (a damaged SIF is not published), and the
-    bytes sent are read from the file the gate opened, not from the path again."""
-    from envport.builders.apptainer.sif_inspect import admitted
-    from envport.core.progress import transfer_progress
-    from envport.core.verdict import StepResult, Verdict
-    from envport.engines import registry
-    from envport.sif.format import SifError, sif_labels
-
-    step = f"push {sif.name} -> {ref}"
-    checked = admitted(sif, step=step, fix="the file you named with --sif does not exist: check the path" if given
-                       else f"envport build {name} --target apptainer")
-    if isinstance(checked, StepResult):
-        return checked
-    gated, _ = checked
-    try:
-        labels, unreadable = sif_labels(gated.info), ""
-    except SifError as exc:
-        labels, unreadable = {}, exc.message
-    own_name, own_hash = labels.get("envport.name"), labels.get("envport.hash")
-    if own_name is not None and own_name != name:
-        fix = f"envport push {own_name} --sif {sif} ..." if NAME_RE.fullmatch(own_name) else f"{name}'s own SIF"
-        return StepResult(step, Verdict.REFUSED, f"{sif} is a build of {_shown(own_name)} (its envport.name "
-                          f"label), not of {name}: it is not pushed under {name}'s name", reason="sif_other_env",
-                          lines=[f"fix: push it as its own env ({fix}), or pass {name}'s SIF"])
-    if own_hash is not None and not HASH_RE.fullmatch(own_hash):
-        return StepResult(step, Verdict.REFUSED, f"{sif}: its envport.hash label {_shown(own_hash)} is not 64 "
-                          "hex digits: the file is damaged or crafted; nothing was pushed", reason="not_envport",
-                          lines=["fix: get the file again from its builder, or rebuild it"])
-    tags = list(dict.fromkeys([*([own_hash[:12]] if own_hash else []), *named]))
-    if not tags:
-        why = f"it is not a readable SIF ({unreadable})" if unreadable else "it carries no envport.hash label"
-        return StepResult(step, Verdict.REFUSED, f"{sif}: {why}, so it has no hash12 tag (envport never tags a "
-                          "file with the spec's hash on trust): name the tag, --to oras://HOST/REPO:TAG or "
-                          "--tag T", reason="not_envport")
-    step = f"push {sif.name} -> {ref.with_tag(tags[0])}"
-    source = f"hash12 {own_hash[:12]} from its envport.hash label" if own_hash else \
-        "no hash12 tag: no envport.hash label"
-    start = time.monotonic()
-    try:
-        layer = registry.Layer(sif.name, gated.file.size, gated.file.digest(0, gated.file.size),
-                               lambda: open(gated.file.child_path, "rb"))
-        out = registry.push_sif(layer, ref, tags, ca=ca, progress=transfer_progress(f"push {sif.name}"))
-    except registry.RegistryError as exc:
-        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, seconds=time.monotonic() - start)
-    return StepResult(step, Verdict.OK, f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)} "
-                      f"({source})", seconds=time.monotonic() - start,
-                      data={**out, "repository": f"{ref.host}/{ref.repo}"})
-
-
-def _push_image(identity, ref, tags: list[str], name: str):
-    from envport.core.verdict import StepResult, Verdict
-    from envport.core.proc import run as proc_run
-    from envport.core.progress import tail
-    from envport.engines import registry
-    from envport.engines.docker import cli_env, image_exists
-
-    step = f"push {identity.image_tag} -> {ref.with_tag(tags[0])}"
-    if not image_exists(identity.image_tag):
-        return StepResult(step, Verdict.REFUSED, f"the engine has no image {identity.image_tag}",
-                          reason="image_missing", lines=[f"fix: envport build {name} --target docker"])
-    start = time.monotonic()
-    try:
-        registry.reachable(ref.host)
-    except registry.RegistryError as exc:
-        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason)
-    pushed = []
-    for tag in tags:
-        dest = str(ref.with_tag(tag))
-        for argv in (["docker", "tag", identity.image_tag, dest], ["docker", "push", dest]):
-            proc = proc_run(argv, env=cli_env(), timeout=1800)
-            if not proc.ok:
-                return StepResult(step, Verdict.FAILED, f"`{' '.join(argv)}` exited {proc.returncode}",
-                                  lines=tail(proc.stderr or proc.stdout or proc.why, 15),
-                                  seconds=time.monotonic() - start)
-        digest = next((w for w in proc.stdout.split() if w.startswith("sha256:")), "")
-        pushed.append(dest)
-    return StepResult(step, Verdict.OK, f"tags {', '.join(tags)}, manifest {digest}",
-                      seconds=time.monotonic() - start, data={"pushed": pushed, "manifest_digest": digest})

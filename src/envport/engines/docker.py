@@ -183,19 +183,20 @@ def image_config(image: str, docker: str = "docker", timeout: float = 30) -> Opt
             "entrypoint": config.get("Entrypoint") or [], "cmd": config.get("Cmd") or [], "id": image_id}
 
 
-def export_rootfs(image: str, dest: Path, docker: str = "docker") -> None:
+def export_rootfs(image: str, dest: Path, docker: str = "docker", env: Optional[dict] = None) -> None:
     """IMAGE's filesystem unpacked into DEST (`docker create` + `docker export | tar -x`).
 
     The container is never started and is removed whatever happens; the engine's
     /.dockerenv marker is dropped, since the tree is no longer a docker container."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    created = proc_run([docker, "create", image, "true"], env=cli_env(), timeout=120)
+    env = cli_env() if env is None else env  # podman's client passes its own
+    created = proc_run([docker, "create", image, "true"], env=env, timeout=120)
     if not created.ok:
         raise ExportError(f"docker create {image} failed: {(created.stderr or created.why).strip()[-300:]}")
     cid = created.stdout.strip()
     try:
-        export = spawn([docker, "export", cid], stderr=subprocess.PIPE, env=cli_env(), dies_with=signal.SIGTERM)
+        export = spawn([docker, "export", cid], stderr=subprocess.PIPE, env=env, dies_with=signal.SIGTERM)
         # No timeout: the image's size bounds the copy, not envport.
         untar = proc_run(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", str(dest)], timeout=None,
                          stdin_from=export.stdout, dies_with=signal.SIGTERM)
@@ -207,7 +208,7 @@ def export_rootfs(image: str, dest: Path, docker: str = "docker") -> None:
         if not untar.ok:
             raise ExportError(f"unpacking {image} into {dest} failed: {(untar.stderr or untar.why).strip()[-300:]}")
     finally:
-        proc_run([docker, "rm", "-f", cid], env=cli_env(), timeout=120)
+        proc_run([docker, "rm", "-f", cid], env=env, timeout=120)
     (dest / ".dockerenv").unlink(missing_ok=True)
 
 

@@ -98,13 +98,13 @@ def mode(data: dict) -> str:
 
 
 def image(ref: str) -> Optional[dict]:
-    """{'id', 'labels', 'size', 'tags'} of REF in this user's storage, or None when it has no such image."""
+    """{'id', 'labels', 'size', 'tags', 'created'} of REF in this user's storage, or None when it has none."""
     ran = _podman("image", "inspect", ref, timeout=30)
     if not ran.ok:
         return None
     (img,) = json.loads(ran.stdout)
     return {"id": img.get("Id", ""), "labels": img.get("Labels") or {}, "size": int(img.get("Size") or 0),
-            "tags": [short_name(t) for t in img.get("RepoTags") or []]}
+            "tags": [short_name(t) for t in img.get("RepoTags") or []], "created": img.get("Created") or ""}
 
 
 def short_name(tag: str) -> str:
@@ -182,3 +182,43 @@ def untag(ref: str) -> str:
 def image_tags(image_id: str) -> Optional[list[str]]:
     found = image(image_id)
     return None if found is None else found["tags"]
+
+
+def push_options(work: Path, host: str, ca: Optional[Path]) -> list[str]:
+    """`podman push` options for registry HOST, files in WORK (a private tmp dir that outlives the push).
+
+    TLS: the site's registry_ca as a --cert-dir holding it (podman reads *.crt there), else the system's
+    CAs. Credentials: ENVPORT_REGISTRY_USER/PASSWORD, else the docker config (engines/registry.credentials),
+    written to an --authfile in WORK: never on the command line. The manifest digest goes to --digestfile."""
+    import base64
+    import json
+    import shutil as _shutil
+
+    from envport.engines.registry import credentials
+
+    out = ["--tls-verify=true", "--digestfile", str(work / "digest")]
+    if ca is not None:
+        certs = work / "certs"
+        certs.mkdir(mode=0o700)
+        _shutil.copyfile(ca, certs / "ca.crt")
+        out += ["--cert-dir", str(certs)]
+    creds = credentials(host)
+    if creds is not None:
+        auth = work / "auth.json"
+        token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+        fd = os.open(auth, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"auths": {host: {"auth": token}}}, fh)
+        out += ["--authfile", str(auth)]
+    return out
+
+
+def has_image(ref: str) -> bool:
+    return image(ref) is not None
+
+
+def export_rootfs(ref: str, dest: Path) -> None:
+    """REF's filesystem unpacked into DEST (`podman create` + `podman export | tar -x`), never started."""
+    from envport.engines.docker import export_rootfs as engine_export
+
+    engine_export(ref, dest, docker=podman(), env=cli_env())

@@ -108,13 +108,17 @@ def preflight(up: Up) -> StepResult:
 
 
 def build(up: Up) -> StepResult:
+    """flow/build.py's one build step, as `envport build` runs it: the same facts recorded for the same build."""
+    from envport.flow.build import run_build
+
     # The lock gate ran before the identity was resolved (commands/_common.lock_gate), as in `envport build`.
     req = BuildRequest(up.loaded, up.site, up.root, up.identity, site_name=up.site_name, host=up.host,
                        remember=up.remember, progress=up.progress)
-    results = [up.lock_refused] if up.lock_refused else up.target.build(req)
-    last = results[-1]
-    up.recorded("build", last, seconds=sum(r.seconds for r in results), site=up.site, lock=up.lock_fact)
-    bad = next((r for r in results if not r.verdict.ok), last)
+    built = run_build(up.target, req, lock_refused=up.lock_refused, lock_fact=up.lock_fact)
+    built.record(up.record)
+    if built.interrupted is not None:
+        raise built.interrupted  # recorded as stopped; the CLI exits 130, naming the signal
+    bad = next((r for r in built.results if not r.verdict.ok), built.last)
     return as_step("build", bad, f"{bad.step}: {bad.detail}")
 
 

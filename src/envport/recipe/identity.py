@@ -7,12 +7,16 @@ sources, wheelhouse use, base-image rewrites).  The description, comments,
 witnesses and resources do not change the built env, so they do not change
 its name.
 
-Every built artefact names itself from `resolve()`: the docker image tag, the
-SIF file, the hash a venv records, the ledger key, the Slurm job.  The target
-chooses which plan is rendered (a host venv installs with the host's own pip
-configuration, so the site's container-only steps do not reach its script),
-but not the hash: one (spec, site) is one env on every backend, which is what
-`envport parity` compares.  The committed images/ are the portable renderings
+Every built artefact names itself from `identify()` / `resolve()`: the docker
+image tag, the SIF file, the hash a venv records, the ledger key, the Slurm
+job.  The target's recipe kind (`Target.recipe`: docker, apptainer or shell)
+chooses which plan is rendered: a container recipe gets the site's container
+steps (the CA step, the site's pip sources, base-image rewrites); the shell
+recipe installs with the host's own pip configuration, so those steps do not
+reach its script.  This layer sits below targets/ and never names a target:
+a new container target gets the container plan by declaring its recipe.  The
+kind never changes the hash: one (spec, site) is one env on every backend,
+which is what `envport parity` compares.  The committed images/ are the portable renderings
 (`portable()`: no site) and say so in their header.
 """
 
@@ -21,11 +25,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 HASH_FORMAT = 1
-CONTAINER_TARGETS = ("docker", "apptainer")
-HOST_TARGETS = ("venv", "conda")
+HOST_RECIPE = "shell"  # the one recipe kind that installs on a host; every other kind is a container image
 
 
 @dataclass(frozen=True)
@@ -56,15 +60,40 @@ class Identity:
         return f"{self.name}-{self.hash12}.sif"
 
 
+def recipe_kind(recipe) -> str:
+    """RECIPE's kind: a Target (anything with `.recipe`) or the kind itself (docker, apptainer, shell).
+
+    Anything else is refused with the fix: a plan is rendered for a recipe kind, and a target name that is
+    not one (venv, conda, podman) would otherwise be a silent guess."""
+    from envport.renderers import TARGETS as KINDS
+
+    kind = getattr(recipe, "recipe", recipe)
+    if kind not in KINDS:
+        raise ValueError(f"a plan is rendered for a recipe kind ({', '.join(KINDS)}), not {kind!r}: pass the "
+                         f"Target (envport.targets.registry.get(name)) or its `.recipe`")
+    return kind
+
+
 @dataclass(frozen=True)
 class Resolved:
     identity: Identity
-    plan: Any  # envport.plan.steps.Plan, as this target renders it
-    target: str
+    loaded: Any
+    site: Any
+    recipe: Any  # a Target or a recipe kind; only the plan depends on it
 
     @property
     def hash(self) -> str:
         return self.identity.hash
+
+    @cached_property
+    def plan(self):
+        """envport.plan.steps.Plan as the recipe kind renders it: the site's container steps for a container
+        image, the host's installer for the shell recipe."""
+        from envport.plan.site import apply_installer, apply_site
+        from envport.plan.steps import make_plan
+
+        plan = make_plan(self.loaded, locked=self.site.lock)
+        return apply_installer(plan, self.site) if recipe_kind(self.recipe) == HOST_RECIPE else apply_site(plan, self.site)
 
 
 def hash_inputs(loaded, site: Any = None) -> dict:
@@ -94,15 +123,17 @@ def portable(loaded) -> Identity:
     return Identity(loaded.spec.name, content_hash(loaded), None)
 
 
-def resolve(loaded, site, target: str) -> Resolved:
-    """The ONE place an env's identity and rendered plan are decided for a build, verify or run."""
-    from envport.plan.site import apply_installer, apply_site
-    from envport.plan.steps import make_plan
+def identify(loaded, site) -> Identity:
+    """The env's identity on SITE: the same on every target (its recipe changes the plan, never the hash)."""
+    return Identity(loaded.spec.name, content_hash(loaded, site), site.name)
 
-    identity = Identity(loaded.spec.name, content_hash(loaded, site), site.name)
-    plan = make_plan(loaded, locked=site.lock)
-    plan = apply_site(plan, site) if target in CONTAINER_TARGETS else apply_installer(plan, site)
-    return Resolved(identity, plan, target)
+
+def resolve(loaded, site, recipe) -> Resolved:
+    """The ONE place an env's identity and rendered plan are decided for a build, verify or run.
+
+    RECIPE is the target (a `Target`: its `.recipe` is read) or its recipe kind (docker, apptainer, shell);
+    the plan is made when it is first asked for, so `resolve(...).identity` costs one hash."""
+    return Resolved(identify(loaded, site), loaded, site, recipe)
 
 
 def site_differences(loaded, site) -> list[str]:

@@ -104,6 +104,20 @@ class Apptainer(Target):
                                missing_fix=f"envport build {spec.name} --target apptainer, or pass --sif FILE")
         return launcher, {"sif": str(sif)}
 
+    def push(self, req):
+        from envport.builders.apptainer.builder import sif_path
+        from envport.targets.push import push_sif
+
+        sif = req.sif or sif_path(req.site, req.root, req.identity)
+        return push_sif(sif, req.ref, list(req.named), req.site.registry_ca, req.loaded.spec.name,
+                        given=req.sif is not None)
+
+    def sbom(self, req):
+        from envport.builders.apptainer.builder import sif_path
+        from envport.targets.sbom import from_built_sif
+
+        return from_built_sif(req, sif_path(req.site, req.root, req.identity))
+
     def slurm_wrap(self, req):
         from envport.builders.apptainer.builder import sif_path
 

@@ -18,7 +18,9 @@ WITNESS = "witness"
 PROBE = "parity"
 SLURM = "slurm"
 GC = "gc"
-OPERATIONS = (BUILD, PRESENT, VERIFY, WITNESS, PROBE, SLURM, GC)
+PUSH = "push"
+SBOM = "sbom"
+OPERATIONS = (BUILD, PRESENT, VERIFY, WITNESS, PROBE, SLURM, GC, PUSH, SBOM)
 UNSUPPORTED_REASON = "unsupported"
 
 
@@ -123,6 +125,27 @@ class SlurmRequest:
     image: Optional[str] = None
     sif: Optional[str] = None
     prefix: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    loaded: Any  # spec.loader.Loaded
+    site: Any  # plan.site.Site: the env's hash and registry_ca
+    root: Path
+    identity: Any  # recipe.identity.Identity
+    ref: Any  # engines.registry's parsed --to reference
+    named: tuple[str, ...] = ()  # the tags the user named (--to's, then each --tag)
+    sif: Optional[Path] = None  # --sif FILE: push this file instead of the built one (a SIF target)
+
+
+@dataclass(frozen=True)
+class SbomRequest:
+    loaded: Any
+    site: Any
+    root: Path
+    identity: Any
+    lock: Optional[str]  # sif.sbom.lock_fact: the lock the env was built from, as the spec's side knows it
+    fmt: str = "cyclonedx"  # or spdx
 
 
 @dataclass(frozen=True)
@@ -239,6 +262,15 @@ class Target(ABC):
     def slurm_wrap(self, req: SlurmRequest) -> dict:
         """Where a Slurm task finds the env: witness/slurm_job.JobSpec's image, sif or prefix field."""
         raise self.refuse(SLURM)
+
+    # --- publish, describe ------------------------------------------------------------
+    def push(self, req: PushRequest) -> StepResult:
+        """The built env into the registry REQ.ref under its hash12 tag and REQ.named (`envport push`)."""
+        raise self.refuse(PUSH)
+
+    def sbom(self, req: SbomRequest) -> tuple[StepResult, Optional[str]]:
+        """(the verdict, the SBOM's text or None) of what the built env holds, read from it (`envport sbom`)."""
+        raise self.refuse(SBOM)
 
     # --- what old builds left ---------------------------------------------------------
     def artefacts(self, req: GcRequest) -> list[Artefact]:

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from envport.targets.base import GC, SLURM, WITNESS
+from envport.targets.base import GC, PUSH, SBOM, SLURM, WITNESS
 from envport.targets.host import HostTarget
 
 SOLVERS = ("micromamba", "mamba", "conda")
@@ -22,6 +22,10 @@ class Conda(HostTarget):
         SLURM: "witness/slurm_job.py has no conda task wrapper yet (the job activates a venv or runs a container)",
         GC: "a conda env is one per name, replaced whole by its next build: no old hash is left beside it "
             "(`micromamba env remove -n NAME` removes the env itself)",
+        PUSH: "a conda env is a folder of this host, not an image or SIF a registry holds (push --target docker, "
+              "podman or apptainer)",
+        SBOM: "the SBOM reader knows a venv's site-packages and a container's dpkg status, not a conda "
+              "prefix's conda-meta yet (sbom --target venv, docker, podman or apptainer)",
     }
 
     def env_disk(self, spec, project_root):

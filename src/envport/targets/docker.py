@@ -62,6 +62,19 @@ class Docker(Target):
     def slurm_wrap(self, req):
         return {"image": req.image or req.identity.image_tag}
 
+    def push(self, req):
+        from envport.engines.docker import cli_env, image_exists
+        from envport.targets.push import ImageEngine, push_image
+
+        engine = ImageEngine(self.name, "docker", cli_env(), image_exists)
+        tags = list(dict.fromkeys([req.identity.hash12, *req.named]))
+        return push_image(engine, req.identity, req.ref, tags, req.loaded.spec.name)
+
+    def sbom(self, req):
+        from envport.targets.sbom import from_docker_image
+
+        return from_docker_image(req.loaded, req.identity, req.lock, req.fmt)
+
     def probe(self, run, where, names, site=None, host=None):
         return run(["docker", "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])
 

@@ -69,15 +69,18 @@ def gpu_need(loaded, ctx) -> list[Need]:
     return bad[:1] or [Need(what, True, "nvidia-smi lists them" + (" inside sm_range" if spec.sm_range else ""))]
 
 
-def base_of(loaded, site, target: str):
-    """The resolved plan's BaseStep (image, bootstrap, bootstrap_from) as this site builds the target."""
+def base_of(loaded, site, target):
+    """The resolved plan's BaseStep (image, bootstrap, bootstrap_from) as this site builds TARGET (a Target or
+    its registry name): its recipe kind picks the plan."""
     from envport.plan.steps import BaseStep
     from envport.recipe.identity import resolve
+    from envport.targets.registry import get
 
-    return next(s for s in resolve(loaded, site, target).plan.steps if isinstance(s, BaseStep))
+    chosen = get(target) if isinstance(target, str) else target
+    return next(s for s in resolve(loaded, site, chosen).plan.steps if isinstance(s, BaseStep))
 
 
-def base_need(loaded, site, target: str, probes: Probes, local_images: bool = False) -> Need:
+def base_need(loaded, site, target, probes: Probes, local_images: bool = False) -> Need:
     """The base image of TARGET's plan; LOCAL_IMAGES: a site's local SIF/sandbox may stand for it (apptainer)."""
     from envport.builders.apptainer.bootstrap import base_fix
 

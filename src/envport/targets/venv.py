@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from envport.targets.base import Artefact, GcRequest, WitnessRequest
+from envport.targets.base import PUSH, Artefact, GcRequest, WitnessRequest
 from envport.targets.host import HostTarget
 
 
@@ -15,6 +15,10 @@ class Venv(HostTarget):
     name = "venv"
     summary = ("a venv under ~/.envport/envs/<name> (or $ENVPORT_ENVS_DIR) from images/<name>/setup-venv.sh, "
                "here or on an SSH host (--host)")
+    unsupported = {
+        PUSH: "a venv is a folder of this host, not an image or SIF a registry holds (push --target docker, "
+              "podman or apptainer)",
+    }
     ssh_row = "ssh"
 
     def runtime_what(self, spec) -> str:
@@ -49,6 +53,11 @@ class Venv(HostTarget):
 
         bin_dir = env_prefix(name) / "bin"
         return bin_dir if host is None and (bin_dir / "python").exists() else None
+
+    def sbom(self, req):
+        from envport.targets.sbom import from_venv
+
+        return from_venv(req.loaded, req.identity, req.lock, req.fmt)
 
     def slurm_wrap(self, req):
         from envport.witness import slurm_job

@@ -34,7 +34,7 @@ from typing import Optional
 from envport.builders import weights
 from envport.core import layout
 from envport.engines.ssh import env_preflight, prefix_expr, resolve_host, ssh_argv
-from envport.recipe.identity import resolve
+from envport.recipe.identity import identify
 from envport.spec.loader import Loaded
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
@@ -113,7 +113,7 @@ def verify_env(loaded: Loaded, site, root: Path, *, host: Optional[str] = None, 
 
     start = time.monotonic()
     spec = loaded.spec
-    hash_ = resolve(loaded, site, flavour).hash
+    hash_ = identify(loaded, site).hash
     where = f" on {host}" if host else ""
     step = f"verify {spec.name}@{hash_[:12]} ({flavour}{where})"
 

@@ -87,7 +87,8 @@ def _fix_for_base(image: str) -> str:
             "or map it to a local image in the site profile's base_images")
 
 
-def _labels(loaded: Loaded, hash_: str) -> dict[str, str]:
+def image_labels_for(loaded: Loaded, hash_: str) -> dict[str, str]:
+    """The labels every envport image carries (docker's and podman's builds): its hash, name, version, spec."""
     return {
         "envport.hash": hash_,
         "envport.name": loaded.spec.name,
@@ -169,7 +170,7 @@ def _present(image, resolved, rebuild: bool, progress: Progress) -> Optional[Ste
     name = resolved.identity.name
     if f"{repo(name)}:latest" not in image.tags:
         image.tag(repo(name), "latest")
-    return _present_result(tag, image.id, image.attrs.get("Size", 0))
+    return present_result(tag, image.id, image.attrs.get("Size", 0))
 
 
 def _present_by_socket(resolved) -> Optional[StepResult]:
@@ -182,10 +183,11 @@ def _present_by_socket(resolved) -> Optional[StepResult]:
     if (info is None or info["labels"].get("envport.hash") != resolved.hash
             or f"{repo(resolved.identity.name)}:latest" not in info["tags"]):
         return None
-    return _present_result(tag, info["id"], info["size"])
+    return present_result(tag, info["id"], info["size"])
 
 
-def _present_result(tag: str, image_id: str, size: int) -> StepResult:
+def present_result(tag: str, image_id: str, size: int) -> StepResult:
+    """The `present` verdict of an image TAG already built (docker's and podman's builds word it alike)."""
     return StepResult(f"image {tag}", Verdict.PRESENT, f"{image_id[:19]} ({_size(size)})",
                       data={"image": tag, "image_id": image_id, "size": size})
 
@@ -227,7 +229,7 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
         s.kind == "pip" and s.uses_wheelhouse for s in plan.steps) else None
     rendering = render_plan(plan, hash_, (TARGET,), site=site.name)
     plan_ops, plan_all = instruction_steps(rendering.files["Dockerfile"][0].decode())
-    labels = _labels(loaded, hash_)
+    labels = image_labels_for(loaded, hash_)
     step = f"build {tag}"
     t0 = time.monotonic()
     work = docker_context.make_workdir(root, name)

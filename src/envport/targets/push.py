@@ -1,0 +1,116 @@
+"""What `envport push` does for the targets that can push (the SIF as ORAS, an image by its engine).
+
+Moved from commands/push.py: each target's `push()` calls one of these; the command asks the target.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+HASH_RE = re.compile(r"[0-9a-f]{64}")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def _shown(text: str) -> str:
+    """A label's value as a person should see it: escapes escaped, at most 80 characters."""
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def push_sif(sif: Path, ref, named: list[str], ca, name: str, given: bool):
+    """SIF pushed under the hash12 of its own envport.hash label plus the NAMED tags. A SIF of another env
+    (its envport.name label) is refused; one without an envport.hash label goes under NAMED alone.  The file
+    goes through the trust gate and inspect's content checks first (a damaged SIF is not published), and the
+    bytes sent are read from the file the gate opened, not from the path again."""
+    from envport.builders.apptainer.sif_inspect import admitted
+    from envport.core.progress import transfer_progress
+    from envport.core.verdict import StepResult, Verdict
+    from envport.engines import registry
+    from envport.sif.format import SifError, sif_labels
+
+    step = f"push {sif.name} -> {ref}"
+    checked = admitted(sif, step=step, fix="the file you named with --sif does not exist: check the path" if given
+                       else f"envport build {name} --target apptainer")
+    if isinstance(checked, StepResult):
+        return checked
+    gated, _ = checked
+    try:
+        labels, unreadable = sif_labels(gated.info), ""
+    except SifError as exc:
+        labels, unreadable = {}, exc.message
+    own_name, own_hash = labels.get("envport.name"), labels.get("envport.hash")
+    if own_name is not None and own_name != name:
+        fix = f"envport push {own_name} --sif {sif} ..." if NAME_RE.fullmatch(own_name) else f"{name}'s own SIF"
+        return StepResult(step, Verdict.REFUSED, f"{sif} is a build of {_shown(own_name)} (its envport.name "
+                          f"label), not of {name}: it is not pushed under {name}'s name", reason="sif_other_env",
+                          lines=[f"fix: push it as its own env ({fix}), or pass {name}'s SIF"])
+    if own_hash is not None and not HASH_RE.fullmatch(own_hash):
+        return StepResult(step, Verdict.REFUSED, f"{sif}: its envport.hash label {_shown(own_hash)} is not 64 "
+                          "hex digits: the file is damaged or crafted; nothing was pushed", reason="not_envport",
+                          lines=["fix: get the file again from its builder, or rebuild it"])
+    tags = list(dict.fromkeys([*([own_hash[:12]] if own_hash else []), *named]))
+    if not tags:
+        why = f"it is not a readable SIF ({unreadable})" if unreadable else "it carries no envport.hash label"
+        return StepResult(step, Verdict.REFUSED, f"{sif}: {why}, so it has no hash12 tag (envport never tags a "
+                          "file with the spec's hash on trust): name the tag, --to oras://HOST/REPO:TAG or "
+                          "--tag T", reason="not_envport")
+    step = f"push {sif.name} -> {ref.with_tag(tags[0])}"
+    source = f"hash12 {own_hash[:12]} from its envport.hash label" if own_hash else \
+        "no hash12 tag: no envport.hash label"
+    start = time.monotonic()
+    try:
+        layer = registry.Layer(sif.name, gated.file.size, gated.file.digest(0, gated.file.size),
+                               lambda: open(gated.file.child_path, "rb"))
+        out = registry.push_sif(layer, ref, tags, ca=ca, progress=transfer_progress(f"push {sif.name}"))
+    except registry.RegistryError as exc:
+        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, seconds=time.monotonic() - start)
+    return StepResult(step, Verdict.OK, f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)} "
+                      f"({source})", seconds=time.monotonic() - start,
+                      data={**out, "repository": f"{ref.host}/{ref.repo}"})
+
+
+@dataclass(frozen=True)
+class ImageEngine:
+    """How one image target's engine is asked: its CLI, that CLI's environment, whether it holds a tag."""
+
+    target: str  # the target's name, for the fix line
+    cli: str  # the binary: docker, podman
+    env: dict
+    has_image: Callable[[str], bool]
+    push_args: Callable[[str], list[str]] = lambda host: []  # TLS/auth options of `CLI push` for a registry HOST
+    read_digest: Callable[[], str] = lambda: ""  # the manifest digest, where the CLI writes it to a file
+
+
+def push_image(engine: ImageEngine, identity, ref, tags: list[str], name: str):
+    """The image envport/<name>:<hash12> tagged HOST/REPO:TAG for each of TAGS and pushed by ENGINE."""
+    from envport.core.verdict import StepResult, Verdict
+    from envport.core.proc import run as proc_run
+    from envport.core.progress import tail
+    from envport.engines import registry
+
+    step = f"push {identity.image_tag} -> {ref.with_tag(tags[0])}"
+    if not engine.has_image(identity.image_tag):
+        return StepResult(step, Verdict.REFUSED, f"the {engine.cli} engine has no image {identity.image_tag}",
+                          reason="image_missing", lines=[f"fix: envport build {name} --target {engine.target}"])
+    start = time.monotonic()
+    try:
+        registry.reachable(ref.host)
+    except registry.RegistryError as exc:
+        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason)
+    pushed = []
+    for tag in tags:
+        dest = str(ref.with_tag(tag))
+        for argv in ([engine.cli, "tag", identity.image_tag, dest],
+                     [engine.cli, "push", *engine.push_args(ref.host), dest]):
+            proc = proc_run(argv, env=engine.env, timeout=1800)
+            if not proc.ok:
+                return StepResult(step, Verdict.FAILED, f"`{' '.join(argv)}` exited {proc.returncode}",
+                                  lines=tail(proc.stderr or proc.stdout or proc.why, 15),
+                                  seconds=time.monotonic() - start)
+        digest = next((w for w in proc.stdout.split() if w.startswith("sha256:")), "") or engine.read_digest()
+        pushed.append(dest)
+    return StepResult(step, Verdict.OK, f"tags {', '.join(tags)}, manifest {digest}",
+                      seconds=time.monotonic() - start, data={"pushed": pushed, "manifest_digest": digest})

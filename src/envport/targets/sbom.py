@@ -1,0 +1,117 @@
+"""What `envport sbom NAME` reads for each target that has one: a SIF's partition, an image's exported
+filesystem, a venv in place.  Moved from commands/sbom.py: each target's `sbom()` calls one of these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def from_sif(path: Path, lock, fmt: str):
+    from envport.builders.apptainer.sif_inspect import admitted
+    from envport.core.verdict import StepResult, Verdict
+    from envport.sif.format import SifError
+    from envport.sif.run import MountError
+    from envport.sif import sbom
+
+    step = f"sbom {path.name}"
+    # The gate and inspect's content checks first: an SBOM of a damaged or tampered file is no SBOM of it.
+    checked = admitted(path, step=step, fix="the file you named does not exist: check the path")
+    if isinstance(checked, StepResult):
+        return checked, None
+    gated, _ = checked
+    try:
+        text, packages = sbom.sif_sbom(gated, sbom.sif_facts(gated.info, lock), fmt)
+    except SifError as exc:
+        return StepResult(step, Verdict.FAILED, str(exc), reason=exc.reason), None
+    except MountError as exc:
+        fix = sbom.mount_fix("the partition is no squashfs they can read (their words above): the file is "
+                             "damaged, or not the SIF it claims to be")
+        return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, lines=[f"fix: {fix}"]), None
+    return _described(step, packages, fmt), text
+
+
+def from_venv(loaded, identity, lock, fmt: str):
+    from envport.core import layout
+    from envport.sif import sbom
+
+    prefix = layout.env_prefix(loaded.spec.name)
+    step = f"sbom {identity.ref} (venv)"
+    try:
+        recorded = (prefix / ".envport" / "hash").read_text().strip()
+    except OSError:
+        return missing(step, f"no env at {prefix}", "env_missing",
+                        f"envport build {loaded.spec.name} --target venv"), None
+    if recorded != identity.hash:
+        return missing(step, f"the env at {prefix} was built as {recorded[:12]}, the spec now resolves to "
+                        f"{identity.hash12}", "stale", f"envport build {loaded.spec.name} --target venv"), None
+    created = sbom.timestamp((prefix / "pyvenv.cfg").stat().st_mtime)
+    facts = sbom.EnvFacts(loaded.spec.name, identity.hash, "venv", lock=lock, created=created)
+    return _written(step, prefix, facts, fmt, venv=())
+
+
+def from_docker_image(loaded, identity, lock, fmt: str):
+    from datetime import datetime
+
+    from envport.engines.docker import connect, export_rootfs, get_image
+
+    step = f"sbom {identity.image_tag}"
+    client, refused = connect(step)
+    if refused is not None:
+        return refused, None
+    image = get_image(client, identity.image_tag)
+    if image is None:
+        return missing(step, f"the engine has no image {identity.image_tag}", "image_missing",
+                        f"envport build {loaded.spec.name} --target docker"), None
+    created = datetime.fromisoformat(image.attrs["Created"][:19] + "+00:00")
+    return from_image(step, identity, export_rootfs, facts_of(loaded, identity, "docker", lock, created), fmt)
+
+
+def facts_of(loaded, identity, target: str, lock, created):
+    from envport.sif import sbom
+
+    return sbom.EnvFacts(loaded.spec.name, identity.hash, target, lock=lock, created=created)
+
+
+def from_image(step: str, identity, export_rootfs, facts, fmt: str):
+    """The SBOM of the image IDENTITY.image_tag, its filesystem exported by EXPORT_ROOTFS(tag, dest) to a
+    private tmp dir (the container is never started)."""
+    import tempfile
+
+    from envport.engines.docker import ExportError
+
+    with tempfile.TemporaryDirectory(prefix="envport-sbom-") as tmp:
+        try:
+            export_rootfs(identity.image_tag, Path(tmp) / "rootfs")
+        except ExportError as exc:
+            from envport.core.verdict import StepResult, Verdict
+            return StepResult(step, Verdict.FAILED, str(exc)), None
+        return _written(step, Path(tmp) / "rootfs", facts, fmt)
+
+
+def from_built_sif(req, sif_path: Path):
+    """The SBOM of the SIF a build of REQ's env made at SIF_PATH (the lock known from the spec's side)."""
+    if not sif_path.is_file():
+        return missing(f"sbom {req.identity.ref}", f"no SIF at {sif_path}", "sif_missing",
+                        f"envport build {req.loaded.spec.name} --target apptainer"), None
+    return from_sif(sif_path, req.lock, req.fmt)
+
+
+def missing(step: str, detail: str, reason: str, fix: str):
+    from envport.core.verdict import StepResult, Verdict
+    return StepResult(step, Verdict.REFUSED, detail, reason=reason, lines=[f"fix: {fix}"])
+
+
+def _written(step: str, tree: Path, facts, fmt: str, venv=None):
+    from envport.sif import sbom
+
+    text, packages = sbom.make_sbom(tree, facts, sbom.CONTAINER_VENV if venv is None else venv, fmt)
+    return _described(step, packages, fmt), text
+
+
+def _described(step: str, packages, fmt: str):
+    from envport.core.verdict import StepResult, Verdict
+
+    debs = sum(p.kind == "deb" for p in packages)
+    return StepResult(step, Verdict.OK, f"{debs} Debian packages, {len(packages) - debs} Python distributions "
+                      f"({'SPDX 2.3, validated by spdx-tools' if fmt == 'spdx' else 'CycloneDX 1.6, schema-valid'})")
