@@ -32,7 +32,6 @@ KNOWN = {
     ("builders/present_cache.py", "inputs_digest"): "builders (helper cleanup): where a remembered SIF lives",
     ("commands/fast.py", "<module>"): "the no-op build's stdlib-only fast path: importing the registry costs it",
     ("commands/fast.py", "answer"): "the no-op build's stdlib-only fast path",
-    ("sif/sbom.py", "build_bom"): "sbom (helper trust): a container or an application",
     ("report/doctor.py", "tools"): "doctor (helper house): the binaries it looks for, not targets",
     ("renderers/__init__.py", "<module>"): "renderers: recipe kinds, not targets (docker, apptainer, shell)",
     ("renderers/shell.py", "<module>"): "renderers: the setup script's two flavours",

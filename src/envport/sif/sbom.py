@@ -82,6 +82,7 @@ class EnvFacts:
     lock: Optional[str] = None  # "specs/x.lock sha256:..." or None: no lock, or not known
     created: Optional[datetime] = None
     skipped: tuple[str, ...] = ()  # "WHERE: why" of each distribution read but not listed (`unaccepted`)
+    container: bool = True  # an image or SIF (CycloneDX type container); False: an env on a host (application)
 
 
 class UnsafeTree(Exception):
@@ -263,7 +264,7 @@ def build_bom(packages: list[Package], facts: EnvFacts):
     if facts.created is not None:
         bom.metadata.timestamp = facts.created
     env = Component(name=facts.name, version=facts.hash[:12], type=ComponentType.CONTAINER
-                    if facts.target in ("docker", "apptainer") else ComponentType.APPLICATION,
+                    if facts.container else ComponentType.APPLICATION,
                     bom_ref=f"env:{facts.name}@{facts.hash[:12]}")
     bom.metadata.component = env
     props = [Property(name="envport:name", value=facts.name), Property(name="envport:hash", value=facts.hash),

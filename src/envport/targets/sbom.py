@@ -46,7 +46,7 @@ def from_venv(loaded, identity, lock, fmt: str):
         return missing(step, f"the env at {prefix} was built as {recorded[:12]}, the spec now resolves to "
                         f"{identity.hash12}", "stale", f"envport build {loaded.spec.name} --target venv"), None
     created = sbom.timestamp((prefix / "pyvenv.cfg").stat().st_mtime)
-    facts = sbom.EnvFacts(loaded.spec.name, identity.hash, "venv", lock=lock, created=created)
+    facts = sbom.EnvFacts(loaded.spec.name, identity.hash, "venv", lock=lock, created=created, container=False)
     return _written(step, prefix, facts, fmt, venv=())
 
 
