@@ -101,7 +101,7 @@ def present_sif(tmp_path):
     write_sif(sif, deffile=b"Bootstrap: docker\n", squashfs_path=squashfs, created=0, uuid=bytes(16),
               inspect_metadata=inspect_metadata(deffile="Bootstrap: docker", environment={},
                                                 labels={"envport.hash": resolved.hash, "envport.name": "demo-cpu"}))
-    from envport.builders.apptainer import sif_content
+    from envport.sif import content as sif_content
     from envport.sif import record as sif_record
     from envport.sif.format import read_sif
 

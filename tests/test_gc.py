@@ -175,7 +175,7 @@ def _sif(path: Path, tmp_path: Path, labels: dict) -> int:
 
 def test_gc_removes_old_sifs_by_envports_marks_and_leaves_whatever_only_looks_like_one(project, tmp_path,
                                                                                      monkeypatch):
-    from envport.builders.apptainer import sif_content
+    from envport.sif import content as sif_content
     from envport.sif import record as sif_record
     from envport.sif.format import read_sif
 

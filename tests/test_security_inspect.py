@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.sif.format import SPEC_OBJECT
 from envport.builders.apptainer.singularity_d import inspect_metadata
 from envport.sif.format import DATA_GENERIC_JSON, read_json_object, read_object, read_sif, write_sif
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envport.builders.apptainer.builder import SPEC_OBJECT, present
+from envport.builders.apptainer.builder import present
+from envport.sif.format import SPEC_OBJECT
 from envport.sif.format import primary_partition, read_json_object, read_object, read_sif, sif_labels
 from envport.plan.site import Site, apply_site, load_site
 from envport.plan.steps import make_plan

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envport.builders.apptainer.sif_inspect import failure, read_report, verdict
+from envport.sif.report import failure, read_report, verdict
 from envport.commands.inspect import _print_facts
 from envport.sif.format import (DATA_OFFSET, DESCRIPTOR, DESCRIPTOR_SLOTS, DESCRIPTORS_OFFSET, HEADER,
                                  LAUNCH_SCRIPT, MAGIC, VERSION, SifError, write_sif)

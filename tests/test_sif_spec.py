@@ -1,4 +1,4 @@
-"""An admin holding only a `.sif` (builders/apptainer/sif_spec.py, issue 27 row 5): `witness` and `verify`
+"""An admin holding only a `.sif` (sif/embedded.py, issue 27 row 5): `witness` and `verify`
 with `--sif` and no project use the spec the SIF embeds and say so; a project's spec and a SIF built from
 another version of it are named with the changed fields; `inspect`'s advice fits a reader who cannot build.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.sif.format import SPEC_OBJECT
 from envport.sif.format import DATA_GENERIC_JSON, read_json_object, read_sif
 
 from .sif_fixtures import BuiltSif, sif_env

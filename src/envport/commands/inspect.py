@@ -44,7 +44,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from envport.builders.apptainer.sif_inspect import failure, not_envport, read_report, verdict
+    from envport.sif.report import failure, not_envport, read_report, verdict
     from envport.core.verdict import Verdict, exit_code
 
     path = Path(args.sif)
@@ -102,7 +102,7 @@ def _signatures(args, source):
 
 
 def _compare(args, report):
-    from envport.builders.apptainer.sif_inspect import compare, embedded_site
+    from envport.sif.report import compare, embedded_site
     from envport.core.errors import EnvportError
     from envport.core.verdict import StepResult, Verdict
     from envport.plan.site import DEFAULT_SITE, load_site
@@ -131,7 +131,9 @@ def _compare(args, report):
     if not args.site and site_name != DEFAULT_SITE and not (root / "sites" / f"{site_name}.yaml").is_file():
         site_name = DEFAULT_SITE
     resolved = resolve(loaded, load_site(site_name, root), "apptainer")
-    return compare(report, loaded, resolved.hash, RENDERER_VERSION, resolved.plan)
+    from envport.builders.apptainer.builder import can_build
+
+    return compare(report, loaded, resolved.hash, RENDERER_VERSION, resolved.plan, can_build=can_build())
 
 
 def _print_facts(report) -> None:

@@ -74,8 +74,8 @@ def _root(args) -> Path:
 
 
 def run_install(args) -> int:
-    from envport.builders.apptainer.sif_inspect import admitted
-    from envport.builders.apptainer.sif_spec import embedded
+    from envport.sif.report import admitted
+    from envport.sif.embedded import embedded
     from envport.core.verdict import StepResult, Verdict, exit_code
     from envport.plan.site import load_site
     from envport.report import modules

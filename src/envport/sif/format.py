@@ -73,6 +73,9 @@ SQUASHFS_SUPERBLOCK = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")
 SQUASHFS_MAGIC = 0x73717368  # "hsqs"
 SQUASHFS_COMPRESSION = {1: "gzip", 2: "lzma", 3: "lzo", 4: "xz", 5: "lz4", 6: "zstd"}
 
+# The spec (and site, partition sha256) envport's builder embeds as a JSON.Generic object (sif/embedded.py).
+SPEC_OBJECT = "envport-spec.json"
+
 COPY_CHUNK = 8 << 20
 READ_OBJECT_LIMIT = 64 << 20
 

@@ -13,7 +13,7 @@ One gate, one object (docs/apptainer.md, "What the gate guarantees"):
    `Gated.file` (the open descriptor), never the path again (sif/run.py `mounted`).
 
 The content checks `envport inspect` runs (layout, the partition's sha256 against its build record,
-trailing bytes, superblock, risks) need the spec layers above this one: builders/apptainer/sif_inspect.py
+trailing bytes, superblock, risks) need the spec layers above this one: sif/report.py
 `admitted` runs them on the Gated this returns.
 """
 

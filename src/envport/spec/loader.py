@@ -56,7 +56,7 @@ class Loaded:
     path: Path
     root: Path  # the project root holding specs/ and images/
     chain: list[Path]  # this spec first, then each parent it extends
-    # The SIF whose embedded spec this is (builders/apptainer/sif_spec.py): no project, so no shim file bytes.
+    # The SIF whose embedded spec this is (sif/embedded.py): no project, so no shim file bytes.
     embedded_in: Path | None = None
 
     @property

@@ -83,12 +83,12 @@ class Apptainer(Target):
                       identity=req.identity)
 
     def embedded(self, where, name, root):
-        from envport.builders.apptainer.sif_spec import embedded
+        from envport.sif.embedded import embedded
 
         return embedded(Path(where), name, root)
 
     def difference(self, where, loaded, spec_hash):
-        from envport.builders.apptainer.sif_spec import difference
+        from envport.sif.embedded import difference
 
         return difference(Path(where), loaded, spec_hash)
 

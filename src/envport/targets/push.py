@@ -25,7 +25,7 @@ def push_sif(sif: Path, ref, named: list[str], ca, name: str, given: bool):
     (its envport.name label) is refused; one without an envport.hash label goes under NAMED alone.  The file
     goes through the trust gate and inspect's content checks first (a damaged SIF is not published), and the
     bytes sent are read from the file the gate opened, not from the path again."""
-    from envport.builders.apptainer.sif_inspect import admitted
+    from envport.sif.report import admitted
     from envport.core.progress import transfer_progress
     from envport.core.verdict import StepResult, Verdict
     from envport.engines import registry

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def from_sif(path: Path, lock, fmt: str):
-    from envport.builders.apptainer.sif_inspect import admitted
+    from envport.sif.report import admitted
     from envport.core.verdict import StepResult, Verdict
     from envport.sif.format import SifError
     from envport.sif.run import MountError

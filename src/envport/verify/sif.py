@@ -35,7 +35,7 @@ from envport.core.progress import Progress
 from envport.core.untrusted import shown
 from envport.core.verdict import StepResult, Verdict
 from envport.sif import run as sif_run
-from envport.builders.apptainer.sif_inspect import admitted
+from envport.sif.report import admitted
 from envport.sif.format import SifError, sif_labels
 from envport.sif.sbom import mount_fix
 from envport.plan.site import Site

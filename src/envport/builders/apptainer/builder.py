@@ -51,7 +51,7 @@ from envport.core.proc import run
 from envport.core.progress import Progress, tail
 from envport.core.progress import human_size as _size
 from envport.core.verdict import StepResult, Verdict
-from envport.sif.format import SifError, host_arch, read_json_object, read_sif, write_sif
+from envport.sif.format import SPEC_OBJECT, SifError, host_arch, read_json_object, read_sif, write_sif
 from envport.plan.site import Site
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
@@ -59,7 +59,6 @@ from envport.sif.sbom import embed_sbom
 from envport.spec.loader import Loaded
 
 TARGET = "apptainer"
-SPEC_OBJECT = "envport-spec.json"
 WORK_PREFIX = "envport-sif-"
 # /dev/shm unpacks and squashes a rootfs several times faster than disk here (the test fixture
 # measured 7 s against 80 s); used only when it leaves this much room after the build.
@@ -75,7 +74,7 @@ def sif_path(site: Site, root: Path, identity) -> Path:
 def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[dict]:
     """{sif, size} when SIF is the file this machine's build of HASH_ wrote (one stat), or, given RESOLVED
     (its plan) and PYTHON, its content was checked to be that env; None otherwise."""
-    from envport.builders.apptainer import sif_content
+    from envport.sif import content as sif_content
     from envport.sif import record as sif_record
 
     if sif_record.unchanged(str(sif), hash_):
@@ -91,7 +90,7 @@ def present(sif: Path, hash_: str, resolved=None, python: str = "") -> Optional[
 
 def _record(sif: Path, hash_: str) -> None:
     """This machine now vouches for SIF: its stat, partition sha256 and layout in the state dir."""
-    from envport.builders.apptainer import sif_content
+    from envport.sif import content as sif_content
     from envport.sif import record as sif_record
     from envport.sif.format import primary_partition
 
@@ -388,7 +387,7 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
                               lines=tail(out))
         t = time.monotonic()
-        from envport.builders.apptainer import sif_content
+        from envport.sif import content as sif_content
         from envport.sif import record as sif_record
         from envport.sif.handle import SifFile
 
@@ -472,3 +471,10 @@ def _tree_size(root: Path) -> str:
 def embedded_spec(sif: Path) -> Optional[dict]:
     """The resolved spec envport embedded in SIF, or None (a SIF apptainer built has none)."""
     return read_json_object(read_sif(sif), SPEC_OBJECT)
+
+
+def can_build() -> bool:
+    """This host can build a SIF (apptainer, or envport's own builder with root and its tools)."""
+    from envport.builders.apptainer.binary import apptainer_binary
+
+    return bool(apptainer_binary()) or builder_missing() is None

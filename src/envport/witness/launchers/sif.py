@@ -129,7 +129,7 @@ class SifLauncher(Launcher):
         """The SIF through the gate and inspect's content checks (`preflight` asks first; a call before it
         raises what the gate raises: SifError, TrustRefused)."""
         if self._gated is None:
-            from envport.builders.apptainer.sif_inspect import admitted
+            from envport.sif.report import admitted
 
             checked = admitted(self.sif, step="launcher", fix=self.missing_fix)
             if isinstance(checked, StepResult):
@@ -183,7 +183,7 @@ class SifLauncher(Launcher):
         return ["bash", "-c", f"{sif_run.SWEEP_FN}\n{self.sweep_line()}"]
 
     def preflight(self) -> Optional[StepResult]:
-        from envport.builders.apptainer.sif_inspect import admitted
+        from envport.sif.report import admitted
 
         checked = admitted(self.sif, step="launcher", fix=self.missing_fix)
         if isinstance(checked, StepResult):

@@ -121,15 +121,15 @@ def read_content(sif: SifFile, offset: int) -> Content:
 
 def expected_distributions(plan) -> dict[str, str]:
     """{canonical name: version} the env must hold: each locked phase's set, a later phase winning; for an
-    unlocked plan, the spec's `==` pins (builders/pins.py)."""
+    unlocked plan, the spec's `==` pins (renderers/envcheck.py, what builders/pins.py checks)."""
     want: dict[str, str] = {}
     for step in plan.steps:
         for dist in getattr(step, "locked", ()) or ():
             want[canonical(dist.name)] = dist.version
     if not want:
-        from envport.builders import pins
+        from envport.renderers.envcheck import plan_pins
 
-        want = {canonical(name): version for name, version, _ in pins.pins(plan)}
+        want = {canonical(name): version for name, version, _ in plan_pins(plan)}
     return want
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.sif.format import SPEC_OBJECT
 from envport.core.verdict import StepResult, Verdict
 from envport.recipe.identity import Identity
 from envport.spec.loader import Loaded
@@ -55,7 +55,7 @@ class Embedded:
 def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
     """The spec SIF embeds as a Loaded rooted at ROOT (where the run records and writes its reports), or
     the StepResult refusing it.  NAME must be the embedded spec's name (an EnvportError, exit 2, if not)."""
-    from envport.builders.apptainer.sif_inspect import admitted
+    from envport.sif.report import admitted
     from envport.core.errors import EnvportError
     from envport.core.untrusted import shown
     from envport.spec.model import Spec
@@ -99,7 +99,7 @@ def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
 def difference(sif: Path, loaded: Loaded, spec_hash: str) -> Optional[dict]:
     """How the SIF differs from LOADED as it resolves now (SPEC_HASH): None when its labels carry that hash,
     or the file cannot be read (the run itself then says why); else the hashes, the changed fields and a line."""
-    from envport.builders.apptainer.sif_inspect import stale_reason
+    from envport.sif.report import stale_reason
     from envport.core.files import shown_path
     from envport.sif.format import SifError, read_json_object, sif_labels
     from envport.sif.gate import gate

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from envport.builders.apptainer import sif_content
-from envport.builders.apptainer.builder import SPEC_OBJECT
+from envport.sif import content as sif_content
 from envport.core.files import shown_path
 from envport.core.verdict import StepResult, Verdict
-from envport.sif.format import (DATA_DEFFILE, SifError, SifInfo, json_member, primary_partition,
+from envport.sif.format import (DATA_DEFFILE, SPEC_OBJECT, SifError, SifInfo, json_member, primary_partition,
                                  read_json_object, read_object, read_sif, read_squashfs_superblock, sif_labels)
 from envport.sif.gate import Gated, gate
 from envport.sif.handle import SifFile, unsafe
@@ -237,8 +236,10 @@ def _descriptor(d) -> dict:
     return out
 
 
-def compare(report: SifReport, loaded, current_hash: str, renderer_version: str, plan) -> StepResult:
-    """OK when the image's own labels carry CURRENT_HASH and its content (python, distributions) is what
+def compare(report: SifReport, loaded, current_hash: str, renderer_version: str, plan, *,
+            can_build: bool) -> StepResult:
+    """CAN_BUILD: this host can build a SIF (builders/apptainer/builder.py `can_build`): the fix it names.
+    OK when the image's own labels carry CURRENT_HASH and its content (python, distributions) is what
     PLAN (the spec and lock as they resolve now) installs; REFUSED `content_mismatch` or `stale` otherwise."""
     labels = report.claimed
     built = str(labels.get("envport.hash", ""))
@@ -261,7 +262,7 @@ def compare(report: SifReport, loaded, current_hash: str, renderer_version: str,
     changed, why = stale_reason(report.facts.get("embedded"), loaded, labels, renderer_version)
     data["changed"] = changed
     return StepResult(step, Verdict.REFUSED, f"{claim}, {rel} is {loaded.spec.name}@{current_hash[:12]} now; {why}",
-                      reason="stale", lines=stale_fixes(loaded.spec.name, report.path, _has_spec(report.facts.get("embedded"))),
+                      reason="stale", lines=stale_fixes(loaded.spec.name, report.path, _has_spec(report.facts.get("embedded")), can_build),
                       data=data)
 
 
@@ -289,20 +290,12 @@ def stale_reason(embedded: Any, loaded, labels: dict, renderer_version: str) -> 
         ", ".join(moved) or "shim file bytes, the lock or the site profile")
 
 
-def can_build() -> bool:
-    """This host can build a SIF (apptainer, or envport's own builder with root and its tools)."""
-    from envport.builders.apptainer.binary import apptainer_binary
-    from envport.builders.apptainer.builder import builder_missing
-
-    return bool(apptainer_binary()) or builder_missing() is None
-
-
-def stale_fixes(name: str, sif: str, embeds: bool) -> list[str]:
+def stale_fixes(name: str, sif: str, embeds: bool, can_build: bool) -> list[str]:
     """The fixes of a stale SIF for its reader: the build where this host can build one, else (an admin
     holding only the file) a rebuild by its builder, or a run with the spec the SIF embeds."""
     rebuild = f"envport build {name} --target apptainer"
     embedded = f"envport witness {name} --target apptainer --sif {shlex.quote(sif)} --embedded-spec" if embeds else ""
-    if can_build():
+    if can_build:
         return [f"fix: {rebuild}"] + ([f"or run it as built, with the spec it embeds: {embedded}"] if embeds else [])
     return [f"fix: ask its builder for a rebuild ({rebuild}, where the project is)"
             + (f", or run it with the spec it embeds: {embedded}" if embeds else "")]
