@@ -223,9 +223,8 @@ def _missing(args, verb: str) -> int:
 def run_exec(args) -> int:
     """The command inside the SIF, through the gate: apptainer exec of the gated descriptor, else ch-run on
     its partition mounted nosuid,nodev. Exit: the command's own."""
-    import subprocess
-
     from envport.core.errors import EnvportError
+    from envport.core.proc import spawn
     from envport.plan.site import load_site
     from envport.sif import run as sif_run
     from envport.sif.gate import gate
@@ -244,9 +243,11 @@ def run_exec(args) -> int:
         return 3
     if sif_run.runtime() == "apptainer":
         cmd = sif_run.apptainer_argv(gated, argv, binds=[(s, d, True) for s, d in binds], nv=args.nv)
-        return subprocess.call(cmd, pass_fds=gated.file.pass_fds)
+        # the user's terminal is the command's: stdin, stdout and stderr are inherited
+        return spawn(cmd, stdin=None, stdout=None, stderr=None, pass_fds=gated.file.pass_fds).wait()
     with sif_run.mounted(gated) as mnt:
-        proc = subprocess.Popen(sif_run.ch_run_argv(str(mnt), argv, binds=binds), env=sif_run.ch_run_env())
+        proc = spawn(sif_run.ch_run_argv(str(mnt), argv, binds=binds), env=sif_run.ch_run_env(), stdin=None,
+                     stdout=None, stderr=None)
         try:
             return proc.wait()
         except KeyboardInterrupt:

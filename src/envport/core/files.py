@@ -122,6 +122,26 @@ def _link_new(tmp: Path, path: Path) -> None:
     tmp.unlink()
 
 
+def swap_dir(partial: Path, final: Path) -> None:
+    """The complete folder PARTIAL takes FINAL's name by renames only (a reader sees the old folder or the new
+    one, never half of one); a FINAL already there is moved aside first and removed after."""
+    if final.exists():
+        remove_dir(final, then=lambda: os.replace(partial, final))
+    else:
+        os.replace(partial, final)
+
+
+def remove_dir(folder: Path, then=lambda: None) -> None:
+    """FOLDER's name gone at once (renamed aside to `.old-PID`), THEN run, then the aside folder removed: no
+    reader ever sees a half-removed folder under the name."""
+    import shutil
+
+    aside = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+    os.replace(folder, aside)
+    then()
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def shown_path(path: Path, root: Path) -> str:
     """PATH relative to the project ROOT when it is inside it, else as given: how a line names a file."""
     try:

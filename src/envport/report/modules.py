@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from envport.core.files import write_atomic
+from envport.core.files import remove_dir, swap_dir, write_atomic
 from envport.core.verdict import StepResult, Verdict
 
 RECORD = "module.json"
@@ -253,7 +253,7 @@ def install(module: Module, sif_file, size: int, default: bool) -> StepResult:
                 os.chmod(target, 0o755 if "/bin/" in rel else 0o644)
         for d in (partial / "bin", partial):
             os.chmod(d, 0o755)
-        _swap_in(partial, module.payload)
+        swap_dir(partial, module.payload)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -264,18 +264,6 @@ def install(module: Module, sif_file, size: int, default: bool) -> StepResult:
         write_atomic(folder / VERSION_FILE, f"#%Module1.0\nset ModulesVersion {tcl_string(module.version)}\n")
     return StepResult(step, Verdict.OK, f"{len(module.executables)} wrapper(s) ({', '.join(module.executables)}) "
                       f"and Lua + Tcl modulefiles in {folder}", data=module.record())
-
-
-def _swap_in(partial: Path, payload: Path) -> None:
-    """PARTIAL becomes PAYLOAD by renames only; an older payload of the same version is moved aside first
-    and removed after."""
-    old = None
-    if payload.exists():
-        old = payload.with_name(f"{payload.name}.old-{os.getpid()}")
-        os.replace(payload, old)
-    os.replace(partial, payload)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _remove_stale_partials(folder: Path) -> None:
@@ -333,9 +321,7 @@ def uninstall(modulepath: Path, rec: dict) -> StepResult:
     if _default_of(folder) == version:
         (folder / VERSION_FILE).unlink()
     payload = folder / f".{version}"
-    gone = payload.with_name(f"{payload.name}.old-{os.getpid()}")
-    os.replace(payload, gone)
-    shutil.rmtree(gone, ignore_errors=True)
+    remove_dir(payload)
     with contextlib.suppress(OSError):
         folder.rmdir()
     return StepResult(f"module {rec['name']}/{version}", Verdict.OK, f"removed from {modulepath}")
