@@ -245,3 +245,12 @@ def test_g3_an_embedded_hash_that_is_no_hash_is_refused_and_never_printed_raw(ti
             fail_with(proc, command)
         assert "\x1b" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-800:]
 
+
+
+def test_a_sif_named_with_sif_that_does_not_exist_says_so(tiny_sif, tmp_path):
+    """issue 37, U24: the fix was "envport build ..., or pass --sif FILE" although --sif was passed."""
+    proc = run_envport("witness", tiny_sif.name, "--target", "apptainer", "--sif", str(tmp_path / "none.sif"),
+                       "--json", root=tiny_sif.root, env=sif_env(), timeout=SIF_TIMEOUT)
+    step = as_json(proc)["steps"][0]
+    assert proc.returncode == 3 and step["reason"] == "sif_missing", step
+    assert step["lines"] == ["fix: the file you named does not exist: check the path given to --sif"], step

@@ -101,7 +101,8 @@ class Apptainer(Target):
         sif = Path(req.sif) if req.sif else sif_path(req.site, req.loaded.root, req.identity)
         launcher = SifLauncher(sif, python=req.python or "python3", gpus=req.gpus,
                                mounts=weights.existing_mounts(spec, weights.weights_root()),
-                               missing_fix=f"envport build {spec.name} --target apptainer, or pass --sif FILE")
+                               missing_fix="the file you named does not exist: check the path given to --sif"
+                               if req.sif else f"envport build {spec.name} --target apptainer, or pass --sif FILE")
         return launcher, {"sif": str(sif)}
 
     def push(self, req):
