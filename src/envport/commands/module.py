@@ -91,7 +91,7 @@ def run_install(args) -> int:
     doc = report.facts.get("embedded")
     name = (doc.get("spec") or {}).get("name") if isinstance(doc, dict) and isinstance(doc.get("spec"), dict) \
         else None
-    spec = embedded(sif, str(name or ""), Path.cwd()) if name else None
+    spec = embedded(sif, str(name or ""), Path.cwd(), checked=checked) if name else None
     if spec is None or isinstance(spec, StepResult):
         refused = spec or StepResult(f"module install {sif.name}", Verdict.REFUSED, f"{sif} holds no "
                                      "envport-spec.json: there is no spec to write a module from",

@@ -25,7 +25,6 @@ changed fields are named from the embedded spec, as `inspect`'s `stale` verdict 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -34,9 +33,7 @@ from envport.sif.format import SPEC_OBJECT
 from envport.core.verdict import StepResult, Verdict
 from envport.recipe.identity import Identity
 from envport.spec.loader import Loaded
-
-
-HASH = re.compile(r"[0-9a-f]{64}\Z")
+from envport.spec.model import SHA256_RE
 
 
 @dataclass(frozen=True)
@@ -52,9 +49,10 @@ class Embedded:
                 f"{self.identity.ref}, {self.checked}")
 
 
-def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
+def embedded(sif: Path, name: str, root: Path, *, checked=None) -> Union[Embedded, StepResult]:
     """The spec SIF embeds as a Loaded rooted at ROOT (where the run records and writes its reports), or
-    the StepResult refusing it.  NAME must be the embedded spec's name (an EnvportError, exit 2, if not)."""
+    the StepResult refusing it.  NAME must be the embedded spec's name (an EnvportError, exit 2, if not).
+    CHECKED: the (Gated, SifReport) a caller already had from sif_inspect.admitted: not read again."""
     from envport.sif.report import admitted
     from envport.core.errors import EnvportError
     from envport.core.untrusted import shown
@@ -63,7 +61,8 @@ def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
 
     step = f"spec {sif.name}"
     # TrustRefused (exit 3) before anything in the file is read as a spec; then inspect's checks.
-    checked = admitted(sif, step=step, fix="the file you named with --sif does not exist: check the path")
+    if checked is None:
+        checked = admitted(sif, step=step, fix="the file you named with --sif does not exist: check the path")
     if isinstance(checked, StepResult):
         return checked
     _, report = checked
@@ -79,7 +78,7 @@ def embedded(sif: Path, name: str, root: Path) -> Union[Embedded, StepResult]:
                            f"holds (envport witness {shown(str(built_as))} --target apptainer --sif {sif})")
     own = (report.facts.get("content") or {}).get("labels") or {}
     if doc.get("name") != name or own.get("envport.name") != name or not isinstance(built_hash, str) \
-            or not HASH.match(built_hash) or own.get("envport.hash") != built_hash:
+            or not SHA256_RE.fullmatch(built_hash) or own.get("envport.hash") != built_hash:
         return _refused(step, "embedded_spec_mismatch",
                         f"{SPEC_OBJECT} says {shown(str(doc.get('name')))}@{shown(str(built_hash))[:12]}, the "
                         f"image's own labels {shown(str(own.get('envport.name')))}@"

@@ -313,7 +313,7 @@ def read_object(info: SifInfo, descriptor: SifDescriptor, *, limit: int = READ_O
         raise SifError("too_large", f"{info.path}: object {descriptor.id} ({descriptor.datatype_name}) is "
                                     f"{descriptor.size} bytes, over the {limit}-byte limit for reading "
                                     "into memory; mount partitions instead of reading them")
-    fh = info.file if info.file is not None else SifFile.open(info.path)
+    fh = info.file
     if descriptor.offset + descriptor.size > fh.size:
         raise SifError("truncated", f"{info.path}: object {descriptor.id} ends at byte "
                                     f"{descriptor.offset + descriptor.size}, past the end ({fh.size} bytes)")

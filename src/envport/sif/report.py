@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -201,8 +201,7 @@ def admitted(path: Path, *, step: str, fix: str) -> "tuple[Gated, SifReport] | S
 
 
 def replace_step(result: StepResult, step: str, path) -> StepResult:
-    from dataclasses import replace
-
+    """RESULT under the name STEP, with the inspect command that shows the whole verdict as its last fix."""
     return replace(result, step=step, lines=[*result.lines, f"fix: envport inspect {shlex.quote(str(path))}"])
 
 

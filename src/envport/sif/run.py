@@ -205,7 +205,7 @@ def mounted_own_build(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[st
     """`mounted` for the partial this process's build has just written, under a hidden name, not yet signed
     (builders/apptainer/binary.py reads its SBOM): the trust gate, which is for SIFs from elsewhere, is not
     asked (under trust.require_signed it would refuse every build)."""
-    info = read_sif(SifFile.open(sif))
+    info = read_sif(sif)
     return _mounted(info.file, primary_partition(info), prefix, parent)
 
 
@@ -316,11 +316,13 @@ def ch_run_argv(mnt: str, argv: Sequence[str], *, env: Mapping[str, str] = (),
 
 
 def apptainer_argv(gated: Gated, argv: Sequence[str], *, env: Mapping[str, str] = (),
-                   binds: Sequence[tuple[str, str, bool]] = (), nv: bool = False) -> list[str]:
+                   binds: Sequence[tuple[str, str, bool]] = (), nv: bool = False,
+                   image: Optional[str] = None) -> list[str]:
     """apptainer exec of the gated file: named by this process's descriptor (`/proc/PID/fd/N`, which every
     child of this process can open while it lives), never by the path that was judged (not run here: no
-    apptainer on this project's machines)."""
-    sif = f"/proc/{os.getpid()}/fd/{gated.file.fd}"
+    apptainer on this project's machines).  IMAGE: another name for it, for a process that is not this one's
+    child (the Slurm task wrapper opens and checks the file itself, then passes its own descriptor)."""
+    sif = image or f"/proc/{os.getpid()}/fd/{gated.file.fd}"
     out = [apptainer() or "apptainer", "exec", "--cleanenv"] + (["--nv"] if nv else [])
     for src, dst, ro in binds:
         out += ["--bind", f"{src}:{dst}" + (":ro" if ro else "")]

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-HASH_RE = re.compile(r"[0-9a-f]{64}")
+from envport.spec.model import SHA256_RE
+
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
@@ -47,7 +48,7 @@ def push_sif(sif: Path, ref, named: list[str], ca, name: str, given: bool):
         return StepResult(step, Verdict.REFUSED, f"{sif} is a build of {_shown(own_name)} (its envport.name "
                           f"label), not of {name}: it is not pushed under {name}'s name", reason="sif_other_env",
                           lines=[f"fix: push it as its own env ({fix}), or pass {name}'s SIF"])
-    if own_hash is not None and not HASH_RE.fullmatch(own_hash):
+    if own_hash is not None and not SHA256_RE.fullmatch(own_hash):
         return StepResult(step, Verdict.REFUSED, f"{sif}: its envport.hash label {_shown(own_hash)} is not 64 "
                           "hex digits: the file is damaged or crafted; nothing was pushed", reason="not_envport",
                           lines=["fix: get the file again from its builder, or rebuild it"])

@@ -128,14 +128,22 @@ class SifLauncher(Launcher):
     def gated(self):
         """The SIF through the gate and inspect's content checks (`preflight` asks first; a call before it
         raises what the gate raises: SifError, TrustRefused)."""
+        refused = self._admit()
+        if refused is not None:
+            raise SifError(refused.reason or "sif_refused", refused.detail)
+        return self._gated
+
+    def _admit(self) -> Optional[StepResult]:
+        """None once the SIF passed the gate and inspect's content checks (kept: asked once a run), else the
+        StepResult that refuses it."""
         if self._gated is None:
             from envport.sif.report import admitted
 
             checked = admitted(self.sif, step="launcher", fix=self.missing_fix)
             if isinstance(checked, StepResult):
-                raise SifError(checked.reason or "sif_refused", checked.detail)
+                return checked
             self._gated = checked[0]
-        return self._gated
+        return None
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -159,10 +167,8 @@ class SifLauncher(Launcher):
         if self.runtime == "apptainer":
             # The task reopens the path (another node cannot share this process's descriptor): TASK checks
             # it is the judged file and hands apptainer its fd 3 in place of the name.
-            inner = sif_run.apptainer_argv(gated, cmd, env=env, nv=self.gpus,
+            inner = sif_run.apptainer_argv(gated, cmd, env=env, nv=self.gpus, image=str(self.sif),
                                            binds=[(s, d, True) for s, d in self._binds()])
-            inner = [str(self.sif) if a.startswith("/proc/") and a.endswith(f"/fd/{gated.file.fd}") else a
-                     for a in inner]
             options = ""
         else:
             inner = sif_run.ch_run_argv(MNT, cmd, env=env, binds=self._binds())
@@ -183,12 +189,9 @@ class SifLauncher(Launcher):
         return ["bash", "-c", f"{sif_run.SWEEP_FN}\n{self.sweep_line()}"]
 
     def preflight(self) -> Optional[StepResult]:
-        from envport.sif.report import admitted
-
-        checked = admitted(self.sif, step="launcher", fix=self.missing_fix)
-        if isinstance(checked, StepResult):
-            return replace(checked, detail=shown(checked.detail))
-        self._gated = checked[0]
+        refused = self._admit()
+        if refused is not None:
+            return replace(refused, detail=shown(refused.detail))
         absent = sif_run.missing_tools(self.runtime)
         if self.runtime == "ch-run" and shutil.which("mountpoint") is None:
             absent.append("mountpoint (util-linux)")
