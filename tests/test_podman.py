@@ -324,3 +324,33 @@ def test_sbom_through_the_podman_target(tiny):
     props = {p["name"]: p["value"] for p in bom["metadata"]["properties"]}
     assert props["envport:target"] == "podman" and props["envport:hash"][:12] == \
         results[-1]["data"]["image"].rsplit(":", 1)[1]
+
+
+def test_parity_as_root_skips_a_podman_that_answers_but_cannot_start(tmp_path):
+    """Issue 36 item 7: an engine is judged by starting a container, not by its binary answering. As root in a
+    container whose limits rootful podman cannot raise, `podman info` answers and every `podman run` fails
+    (runc: "error setting rlimit type 7"): parity skips podman with that reason and judges the rest, instead of
+    failing whole on podman's build; the matrix lists the pair as not runnable here, for the same reason.
+    Runs as root (this test's own process); rootless podman on the same host is the other tests' user."""
+    from envport.engines import podman
+
+    from .support import as_json, run_envport
+
+    if shutil.which("podman") is None:
+        missing("podman not installed (.ci/install.sh installs podman)")
+    if os.geteuid() != 0:
+        pytest.skip("judges rootful podman: run as root")
+    why = podman.cannot_start(podman.podman(), tuple(sorted(podman.cli_env().items())))
+    if not why:
+        pytest.skip("rootful podman starts containers on this host: no engine that answers but cannot start")
+    project = copy_project(tmp_path / "project")
+    name = unique("tinyroot")
+    write_spec(project, name, witnesses={"imports": ["six"]})
+    proc = run_envport("parity", name, "--target", "podman,venv", "--no-ledger", root=project, timeout=600)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]  # one target left: nothing to compare
+    row = next(ln for ln in proc.stdout.splitlines() if ln.split()[:2] == ["skipped", "podman"])
+    assert "podman_cannot_start" in row and why[:60] in row, row
+    assert "fewer than two targets could run here (venv)" in proc.stdout
+    pairs = as_json(run_envport("matrix", "--env", name, "--target", "podman", "--json", root=project))["pairs"]
+    (pair,) = pairs
+    assert not pair["runnable"] and pair["why_not"].startswith("podman_cannot_start: "), pair

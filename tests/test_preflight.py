@@ -14,6 +14,7 @@ import pytest
 from envport.builders.preflight import Context, check_compiler, preflight, run_checks
 from envport.core.verdict import Verdict
 from envport.spec.loader import load_spec
+from envport.targets.needs import context_for
 from envport.targets.registry import get
 
 from .support import REPO, as_json, cli_env, run_envport, write_spec
@@ -73,8 +74,12 @@ def test_a_compiling_spec_on_a_host_without_cc_refuses(monkeypatch, tmp_path):
     # PATH without a compiler (the real lookup, a PATH that lacks cc and gcc).
     monkeypatch.setenv("PATH", str(tmp_path))
     spec = _demo().model_copy(update={"system_pkgs": ["build-essential"]})
-    findings = check_compiler(Context(spec, "venv", weights_root=tmp_path))
+    findings = check_compiler(context_for(get("venv"), spec, REPO, weights_root=tmp_path))
     assert [f.reason for f in findings] == ["compiler_missing"] and "build-essential" in findings[0].fix
+    # Where the target says the env is not compiled here, the host's missing cc is not its problem: a
+    # container compiles in its image, a venv on an SSH host in that host's setup script.
+    for target, host in (("docker", None), ("podman", None), ("venv", "gpu-box")):
+        assert check_compiler(context_for(get(target), spec, REPO, host, weights_root=tmp_path)) == [], target
 
 
 def test_notes_do_not_refuse(tmp_path):
@@ -103,7 +108,7 @@ def test_findings_have_one_shape_naming_the_check_its_verdict_evidence_and_fix(m
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc: the real lookup fails
     spec = _demo().model_copy(update={"system_pkgs": ["build-essential"]})
-    found = run_checks(Context(spec, "venv", weights_root=tmp_path))
+    found = run_checks(context_for(get("venv"), spec, REPO, weights_root=tmp_path))
     assert all(isinstance(f, Finding) for f in found)
     compiler = [f for f in found if f.check == "compiler"]
     assert [(f.reason, f.verdict) for f in compiler] == [("compiler_missing", Verdict.REFUSED)]

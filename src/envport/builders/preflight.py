@@ -48,6 +48,8 @@ class Context:
     # Where the env's bytes land on this host (Target.env_disk); None: not on this host (an SSH host's
     # setup script checks its own disk), or not said, and then only the weights are counted.
     env_disk: Optional[Path] = None
+    # The env's pip phases compile on this host (a venv or conda env built here), not inside an image.
+    compiles_here: bool = False
 
 
 def check_disk(ctx: Context) -> list[Finding]:
@@ -151,8 +153,8 @@ def _driver_finding(spec: Spec, inv: dict) -> Finding:
 
 
 def check_compiler(ctx: Context) -> list[Finding]:
-    if ctx.target not in ("venv", "conda") or ctx.host:
-        return []  # a container builds inside its own image
+    if not ctx.compiles_here:
+        return []  # a container builds inside its own image; an SSH host's setup script checks its own
     needs = sorted(COMPILER_PKGS & {p.split("=")[0] for p in ctx.spec.system_pkgs})
     if needs and not (shutil.which("cc") or shutil.which("gcc")):
         return [Finding("compiler_missing", f"the spec's system_pkgs ({', '.join(needs)}) say a phase compiles "

@@ -6,9 +6,10 @@ every docker or apptainer build that ends OK or present, the content hash
 and where the env lives (the image tag, the SIF's path) are remembered under
 a digest of everything they could depend on: the bytes of every file in
 specs/ (locks included) and sites/, the site's CA bundle, envport's own code
-(templates included) and, for a SIF, the project root and the home
-directory a relative sif_dir or a `~` in it means (a copied project never
-answers with the original's file).  The code and the CA bundle enter by path, size, mtime and ctime:
+(templates included), the project root and the home directory (a SIF's
+relative sif_dir or a `~` in it means them: a copied project never answers
+with the original's file; an image does not depend on them, and a copied
+project only asks the engine once more).  The code and the CA bundle enter by path, size, mtime and ctime:
 reading their bytes on every no-op build cost more than the engine's
 question, and no edit leaves ctime alone.
 
@@ -75,8 +76,7 @@ def _tree(h, base: str, rel: str = "", code: bool = False) -> None:
 def inputs_digest(root: str, name: str, site_name: str | None, target: str) -> str:
     site = site_name or "local"
     h = _hasher(f"{name}\0{site}\0{target}\0".encode())
-    if target == "apptainer":  # where the SIF lives: sif_dir under this root, or under ~
-        h.update(os.path.abspath(root).encode() + b"\0" + os.path.expanduser("~").encode() + b"\0")
+    h.update(os.path.abspath(root).encode() + b"\0" + os.path.expanduser("~").encode() + b"\0")
     _tree(h, os.path.join(root, "specs"))
     _tree(h, os.path.join(root, "sites"))
     for d in _code_dirs():

@@ -55,10 +55,11 @@ def register(sub) -> None:
 
 
 def _fast_present(args) -> int | None:
-    """Docker or SIF `present` without loading the spec (commands/fast.py, builders/*/present.py)."""
-    from envport.commands.fast import TARGETS, answer
+    """`present` without loading the spec, for a target with a fast answer (commands/fast.py, targets/fast.py)."""
+    from envport.commands.fast import answer
+    from envport.targets.fast import ANSWERS
 
-    if args.target not in TARGETS or args.rebuild or args.no_cache or args.no_lock or args.from_docker or args.sign:
+    if args.target not in ANSWERS or args.rebuild or args.no_cache or args.no_lock or args.from_docker or args.sign:
         return None
     return answer(args.spec, args.target, args.site, args.root, args.json)
 

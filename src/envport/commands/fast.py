@@ -1,4 +1,4 @@
-"""`envport build NAME --target docker|apptainer` on a present env, answered before anything else loads.
+"""`envport build NAME --target T` on a present env, answered before anything else loads.
 
 A no-op docker build has to be well ahead of BuildKit's own fully cached
 build (~0.09 s here), a no-op SIF build under 0.1 s, and the interpreter
@@ -6,7 +6,8 @@ alone takes ~0.035 s to start, so this path imports only os, the built-in
 blake2b and the C json scanner (builders/present_cache.py, core/cjson.py), then
 `_socket` (builders/docker/present.py, engines/docker_socket.py); a SIF is
 taken only while its stat is what this machine's build recorded
-(sif/record.py: one stat, no read of the file): no argparse, no json
+(sif/record.py: one stat, no read of the file). Which targets have such an
+answer, and how they give it, is theirs (targets/fast.py). No argparse, no json
 module (but for `--json` output), no pathlib, no other command module, not
 even the verdict module (its line and its `--json` shape are written here;
 tests/test_fast_argv.py holds them equal to what core/verdict prints).
@@ -19,11 +20,11 @@ from __future__ import annotations
 import os
 import sys
 
-TARGETS = ("docker", "apptainer")
+from envport.targets.fast import ANSWERS
 
 
 def fast_argv(argv: list[str]) -> int | None:
-    """`[-C ROOT] build NAME --target docker|apptainer [--site S] [--json]`, else None."""
+    """`[-C ROOT] build NAME --target T [--site S] [--json]` for a T with a fast answer, else None."""
     root = None
     if argv[:1] in (["-C"], ["--root"]) and len(argv) > 2:
         root, argv = argv[1], argv[2:]
@@ -38,7 +39,7 @@ def fast_argv(argv: list[str]) -> int | None:
             as_json, rest = True, rest[1:]
         else:
             return None
-    if opts["--target"] not in TARGETS:
+    if opts["--target"] not in ANSWERS:
         return None
     return answer(argv[1], opts["--target"], opts["--site"], root, as_json)
 
@@ -50,26 +51,10 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
     base = os.path.abspath(root) if root else os.getcwd()
     if not os.path.isfile(os.path.join(base, "specs", f"{spec}.yaml")):
         return None  # not at the project root: the full path finds it
-    if target == "docker":
-        from envport.builders.docker.present import present
-
-        hit = present(base, spec, site)
-        if hit is None:
-            return None
-        step, detail = f"image {hit['tag']}", f"{hit['id'][:19]} ({hit['size'] / 1e9:.2f} GB)"
-        data = {"image": hit["tag"], "image_id": hit["id"], "size": hit["size"]}
-    else:
-        from envport.builders import present_cache
-
-        # Only the file this machine's build wrote, untouched since (its recorded stat): never a label.
-        hit = present_cache.checked(base, spec, site, target, _recorded_sif)
-        if hit is None:
-            return None
-        from envport.core.progress import human_size  # sys and typing only: the path stays fast
-
-        size = hit["size"]
-        step, detail = f"sif {os.path.basename(hit['sif'])}", f"{hit['sif']} ({human_size(size)})"  # as the builder words it
-        data = {"sif": hit["sif"], "size": size, "route": "present", "checked": "build record"}
+    hit = ANSWERS[target](base, spec, site)
+    if hit is None:
+        return None
+    hash_, step, detail, data = hit
     if as_json:
         import json
 
@@ -80,13 +65,6 @@ def answer(spec: str, target: str, site: str | None, root: str | None, as_json: 
                   ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
-    sys.stdout.write(f"{'present':<8} {step}: {detail}\npresent {spec}@{hit['hash'][:12]} --target {target}\n")
+    sys.stdout.write(f"{'present':<8} {step}: {detail}\npresent {spec}@{hash_[:12]} --target {target}\n")
     return 0
 
-
-def _recorded_sif(hash_: str, sif: str) -> dict | None:
-    from envport.sif import record as sif_record
-
-    if not sif_record.unchanged(sif, hash_):
-        return None
-    return {"hash": hash_, "sif": sif, "size": os.stat(sif).st_size}

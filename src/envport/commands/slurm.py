@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -167,7 +168,7 @@ def run_submit(args) -> int:
 
         raise EnvportError(f"{wider[0].label} needs {wider[0].world} ranks; --nodes {args.nodes} --ntasks-per-node "
                            f"{args.ntasks_per_node} give {slots}: raise them, or --check the other witnesses")
-    refusal = slurm.refusal(job, opts)
+    refusal = slurm.refusal(job, opts, get(args.target).slurm_refusal(profile))
     if args.dry_run:
         return _dry_run(args, job, refusal)
     progress = stderr_progress if not args.json else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -243,12 +244,14 @@ def _job(args, loaded, identity, profile, opts):
     from envport.targets.base import SlurmRequest
 
     where = {"image": None, "prefix": None, "sif": None}
-    where.update(get(args.target).slurm_wrap(SlurmRequest(loaded, load_site(args.site, loaded.root), identity, profile,
-                                                          image=args.image, sif=args.sif, prefix=args.prefix)))
-    return slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
-                         calls=_plan(loaded.spec, opts, profile).calls, job_dir=slurm.new_job_dir(profile, loaded.spec.name),
-                         env=env, **where, nodes=args.nodes,
-                         ntasks_per_node=args.ntasks_per_node)
+    target = get(args.target)
+    where.update(target.slurm_wrap(SlurmRequest(loaded, load_site(args.site, loaded.root), identity, profile,
+                                                image=args.image, sif=args.sif, prefix=args.prefix)))
+    job = slurm.JobSpec(loaded=loaded, identity=identity, profile=profile, target=args.target,
+                        calls=_plan(loaded.spec, opts, profile).calls,
+                        job_dir=slurm.new_job_dir(profile, loaded.spec.name), env=env, **where, nodes=args.nodes,
+                        ntasks_per_node=args.ntasks_per_node)
+    return dataclasses.replace(job, task=target.slurm_task(job))
 
 
 def _dry_run(args, job, refusal) -> int:

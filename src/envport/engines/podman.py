@@ -9,13 +9,23 @@ even be stored (measured with Debian's podman 4.3.1 and the Debian base image:
 `podman load` fails with "potentially insufficient UIDs or GIDs available in
 user namespace (requested 0:42 for /etc/gshadow)").  So a single-uid mapping
 is REFUSED `podman_single_uid` before anything is built, with the fix.
+
+Answering is not starting: as root on a host whose limits rootful podman cannot raise, `podman info` answers
+and every `podman run` (and every RUN of a build) fails with runc's "error setting rlimit type 7: operation not
+permitted" (measured: Debian's podman 4.3.1 as root in a container; rootless podman on the same host starts
+fine). So the engine is judged by starting one container: the host's own `true` in a throwaway rootfs of that
+binary and the libraries it loads, nothing pulled (`podman_cannot_start`, with podman's words and the fix).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -86,7 +96,41 @@ def problem(step: str) -> Optional[StepResult]:
                           f"rootless podman maps only one uid for {user} (no range in /etc/subuid, "
                           f"/etc/subgid): no Debian image can be stored; {single_uid_fix(user)}",
                           reason="podman_single_uid")
+    why = cannot_start(podman(), tuple(sorted(cli_env().items())))
+    if why:
+        fix = ("run envport as an unprivileged user with a subordinate id range (rootless podman)" if not rootless
+               else "run `podman run --rm --rootfs DIR true` as this user to see why")
+        return StepResult(step, Verdict.REFUSED, f"podman answers ({mode(data)}) but cannot start a "
+                          f"container: {why}; {fix}", reason="podman_cannot_start")
     return None
+
+
+@functools.cache
+def cannot_start(client: str, env: tuple) -> str:
+    """'' when CLIENT starts a container here, else podman's last words. Asked once per process (and per client
+    and environment: a test points podman elsewhere), since every command of one run asks the same engine."""
+    with tempfile.TemporaryDirectory(prefix="envport-podman-probe-") as rootfs:
+        true = _true_rootfs(Path(rootfs))
+        if true is None:
+            return ""  # no `true` and ldd to copy: not judged here, the build says what fails
+        ran = run([client, "run", "--rm", "--network=none", "--rootfs", rootfs, true], timeout=60, env=dict(env))
+    if ran.returncode is None:
+        return ran.why
+    return "" if ran.ok else _last_line(ran.stderr or ran.stdout)
+
+
+def _true_rootfs(dest: Path) -> Optional[str]:
+    """Copy the host's `true` and what `ldd` says it loads under DEST; the binary's path there, or None."""
+    true = shutil.which("true")
+    if true is None or shutil.which("ldd") is None:
+        return None
+    true = os.path.realpath(true)
+    ldd = run(["ldd", true], timeout=30)
+    for path in [true, *re.findall(r"(/\S+) \(0x", ldd.stdout if ldd.ok else "")]:
+        inside = dest / path.lstrip("/")
+        inside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, inside)  # the file a symlink names, under the name the loader asks for
+    return true
 
 
 def mode(data: dict) -> str:

@@ -82,10 +82,11 @@ def as_step(name, inner, detail=None) -> StepResult:
 
 
 def preflight(up: Up) -> StepResult:
-    from envport.builders.preflight import DEFAULT_MARGIN_GB, Context
+    from envport.builders.preflight import DEFAULT_MARGIN_GB
     from envport.builders.preflight import preflight as run_preflight
     from envport.core.extras import VERIFY_MODULES, refusal
     from envport.report import ledger
+    from envport.targets.needs import context_for
 
     # Refused before the build, not as a traceback from the verify step once the env is built.
     missing = refusal("preflight", VERIFY_MODULES)
@@ -101,10 +102,9 @@ def preflight(up: Up) -> StepResult:
     except (OSError, ValueError):
         pass
     margin = DEFAULT_MARGIN_GB if up.min_free_gb is None else up.min_free_gb
-    return as_step("preflight", run_preflight(Context(spec, up.target.name, host=up.host, weights_root=up.weights_root,
-                                                      env_bytes=size, margin_gb=margin, project_root=up.root,
-                                                      runtime=up.target.runtime_findings,
-                                                      env_disk=None if up.host else up.target.env_disk(spec, up.root))))
+    return as_step("preflight", run_preflight(context_for(up.target, spec, up.root, up.host,
+                                                          weights_root=up.weights_root, env_bytes=size,
+                                                          margin_gb=margin)))
 
 
 def build(up: Up) -> StepResult:

@@ -125,6 +125,15 @@ class Apptainer(Target):
         return {"sif": str(Path(req.sif).resolve()) if req.sif else str(sif_path(req.site, req.loaded.root,
                                                                                   req.identity))}
 
+    def slurm_task(self, job):
+        from envport.witness.launchers.sif import SifLauncher
+        from envport.witness.slurm_job import TaskEnv, wants_gpus
+
+        # The profile names the runtime its nodes have; where it is not apptainer, Charliecloud runs the SIF.
+        runtime = "apptainer" if job.profile.container_runtime == "apptainer" else "ch-run"
+        return TaskEnv(SifLauncher(Path(job.sif), python=job.python, witness_dir=job.witness_dir,
+                                   gpus=wants_gpus(job.profile), runtime=runtime))
+
     def probe(self, run, where, names, site=None, host=None):
         """Inside the SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""
         from envport.sif import run as sif_run

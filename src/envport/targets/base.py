@@ -263,6 +263,16 @@ class Target(ABC):
         """Where a Slurm task finds the env: witness/slurm_job.JobSpec's image, sif or prefix field."""
         raise self.refuse(SLURM)
 
+    def slurm_task(self, job) -> Any:
+        """witness/slurm_job.TaskEnv: the launcher a task of JOB (a slurm_job.JobSpec with this target's
+        `slurm_wrap` fields) runs its witness through on its node, and the shell lines before it."""
+        raise self.refuse(SLURM)
+
+    def slurm_refusal(self, profile) -> Optional[StepResult]:
+        """Why the cluster PROFILE's nodes cannot run this target's tasks (a container runtime they lack), or
+        None. Asked before anything is submitted."""
+        return None
+
     # --- publish, describe ------------------------------------------------------------
     def push(self, req: PushRequest) -> StepResult:
         """The built env into the registry REQ.ref under its hash12 tag and REQ.named (`envport push`)."""

@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from envport.core.verdict import StepResult, Verdict
 from envport.targets import needs
 from envport.targets.base import (PRESENT, BuildRequest, GcRequest, Need, NeedsRequest, Target, Unavailable,
                                   VerifyRequest, WitnessRequest)
@@ -61,6 +62,20 @@ class Docker(Target):
 
     def slurm_wrap(self, req):
         return {"image": req.image or req.identity.image_tag}
+
+    def slurm_task(self, job):
+        from envport.witness.launchers.docker import DockerLauncher
+        from envport.witness.slurm_job import TaskEnv, wants_gpus
+
+        return TaskEnv(DockerLauncher(job.image, python=job.python, docker=job.docker_bin,
+                                      witness_dir=job.witness_dir, gpus=wants_gpus(job.profile)))
+
+    def slurm_refusal(self, profile):
+        if profile.container_runtime == "docker":
+            return None
+        return StepResult("slurm", Verdict.REFUSED, f"cluster {profile.name} runs containers with "
+                          f"{profile.container_runtime}, not docker", reason="no_container_runtime",
+                          lines=["fix: --target venv, or set container_runtime: docker in the profile"])
 
     def push(self, req):
         from envport.engines.docker import cli_env, image_exists

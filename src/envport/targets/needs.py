@@ -46,11 +46,18 @@ class Probes:
 
 def preflight_context(req: NeedsRequest, target):
     """builders.preflight's Context for REQ on TARGET (its runtime check is the target's own)."""
+    return context_for(target, req.loaded.spec, req.root, req.host, gpu_inventory=req.gpu_inventory)
+
+
+def context_for(target, spec, root, host=None, **more):
+    """builders.preflight's Context for SPEC on TARGET: the target's runtime check and disk; a host target
+    (one with --host) compiles on this machine unless its env lives on an SSH HOST (its setup script checks
+    there); a container compiles inside its own image."""
     from envport.builders.preflight import Context
 
-    return Context(req.loaded.spec, target.name, host=req.host, project_root=req.root,
-                   gpu_inventory=req.gpu_inventory, runtime=target.runtime_findings,
-                   env_disk=None if req.host else target.env_disk(req.loaded.spec, req.root))
+    return Context(spec, target.name, host=host, project_root=root, runtime=target.runtime_findings,
+                   compiles_here=target.hosts and not host,
+                   env_disk=None if host else target.env_disk(spec, root), **more)
 
 
 def findings(what: str, check, ctx) -> list[Need]:

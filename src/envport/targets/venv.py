@@ -64,6 +64,14 @@ class Venv(HostTarget):
 
         return {"prefix": req.prefix or slurm_job.default_prefix(req.loaded.spec.name, req.profile)}
 
+    def slurm_task(self, job):
+        from envport.witness.launchers.local import LocalLauncher
+        from envport.witness.launchers.srun import venv_prelude
+        from envport.witness.slurm_job import TaskEnv
+
+        return TaskEnv(LocalLauncher(f"{job.prefix}/bin/python", witness_dir=job.witness_dir, base_env={}),
+                       prelude=tuple(venv_prelude(job.prefix)))
+
     def launcher(self, req: WitnessRequest):
         from envport.builders import weights
 

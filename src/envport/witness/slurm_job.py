@@ -29,16 +29,23 @@ from envport.core.layout import env_prefix
 from envport.sif.run import SWEEP_FN
 from envport.engines.slurm import POLL_S, JobOutcome, sbatch_jinja, submit, wait_for
 from envport.plan.cluster import ClusterProfile
-from envport.witness.launchers.base import WITNESS_DIR, LaunchResult
-from envport.witness.launchers.docker import DockerLauncher
-from envport.witness.launchers.local import LocalLauncher
-from envport.witness.launchers.srun import MASTER_ADDR_FN, SrunLauncher, venv_prelude
+from envport.witness.launchers.base import WITNESS_DIR, LaunchResult, Launcher
+from envport.witness.launchers.srun import MASTER_ADDR_FN, SrunLauncher
 from envport.core.progress import Progress, quiet, tail
 from envport.core.verdict import NO_ACCELERATOR_REASON, StepResult, Verdict
 from envport.witness.judge import call_results
 
 
 # --- rendering -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEnv:
+    """How one task of a witness job reaches the env on the node it lands on: the launcher srun runs the witness
+    through (a container's, a SIF's, the env's python) and the shell lines before it (a venv's activation)."""
+
+    inner: Launcher
+    prelude: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -48,7 +55,7 @@ class JobSpec:
     loaded: object  # loader.Loaded
     identity: object  # recipe.identity.Identity: the env this job proves, as the site built it
     profile: ClusterProfile
-    target: str  # venv | docker
+    target: str  # the target's name, for the script's header and the ledger
     calls: list  # witness.plan.WitnessCall, in order
     job_dir: Path
     env: dict  # witness env additions (PYTHONUNBUFFERED, a test fault)
@@ -59,6 +66,7 @@ class JobSpec:
     python: str = "python3"  # docker: the interpreter inside the image
     nodes: Optional[int] = None  # sbatch --nodes (None: Slurm picks)
     ntasks_per_node: Optional[int] = None  # sbatch --ntasks-per-node
+    task: Optional[TaskEnv] = None  # how a task reaches the env on its node: the target's (slurm_task)
 
     @property
     def script_path(self) -> Path:
@@ -88,22 +96,17 @@ def default_prefix(name: str, profile: ClusterProfile) -> str:
 
 
 def srun_launcher(job: JobSpec) -> SrunLauncher:
-    """The launcher each witness call of the batch script uses (inside the allocation)."""
-    name = job.loaded.spec.name
-    if job.target == "docker":
-        inner = DockerLauncher(job.image, python=job.python, docker=job.docker_bin, witness_dir=job.witness_dir,
-                               gpus=bool(job.profile.gres and "gpu" in job.profile.gres))
-        return SrunLauncher(inner, name, in_allocation=True, run_token=job.job_dir.name)
-    if job.target == "apptainer":
-        from envport.witness.launchers.sif import SifLauncher
-
-        inner = SifLauncher(Path(job.sif), python=job.python, witness_dir=job.witness_dir,
-                            gpus=bool(job.profile.gres and "gpu" in job.profile.gres),
-                            runtime="apptainer" if job.profile.container_runtime == "apptainer" else "ch-run")
-        return SrunLauncher(inner, name, in_allocation=True, run_token=job.job_dir.name)
-    inner = LocalLauncher(f"{job.prefix}/bin/python", witness_dir=job.witness_dir, base_env={})
-    return SrunLauncher(inner, name, in_allocation=True, prelude=venv_prelude(job.prefix),
+    """The launcher each witness call of the batch script uses (inside the allocation): srun around the way the
+    job's target reaches its env on a node (`Target.slurm_task`)."""
+    if job.task is None:
+        raise ValueError(f"job {job.job_name}: no task launcher (the target's slurm_task was not asked)")
+    return SrunLauncher(job.task.inner, job.loaded.spec.name, in_allocation=True, prelude=job.task.prelude,
                         run_token=job.job_dir.name)
+
+
+def wants_gpus(profile: ClusterProfile) -> bool:
+    """The job's tasks get the node's GPUs when the profile asks Slurm for some (gres gpu:N)."""
+    return bool(profile.gres and "gpu" in profile.gres)
 
 
 def node_cpu_limit(partition: Optional[str]) -> Optional[int]:
@@ -158,25 +161,24 @@ def render(job: JobSpec, node_cpus: Optional[int] = None) -> str:
         name=job.loaded.spec.name, hash12=job.identity.hash12, target=job.target, cluster=job.profile.name,
         script_path=str(job.script_path), log_path=str(job.log_path), witness_dir=str(job.witness_dir),
         directives=directives(job, node_cpus), tmp_dir=job.profile.tmp_dir,
-        activation=job.profile.activation, docker=job.target == "docker", docker_bin=job.docker_bin,
+        activation=job.profile.activation, docker=launcher.is_docker, docker_bin=job.docker_bin,
         slurm_conf=job.profile.slurm_conf, master_addr_fn=MASTER_ADDR_FN,
-        docker_master_addr=job.profile.docker_master_addr if job.target == "docker" else None,
-        sif_sweep_fn=SWEEP_FN, sif_sweep=launcher.inner.sweep_line() if job.target == "apptainer" else "",
+        docker_master_addr=job.profile.docker_master_addr if launcher.is_docker else None,
+        sif_sweep_fn=SWEEP_FN, sif_sweep=launcher.inner.sweep_line(),
         task_script=task_script, calls=calls,
     )
 
 
-def refusal(job: JobSpec, opts) -> Optional[StepResult]:
-    """Why this job cannot run on its cluster (checked before anything is submitted), or None."""
+def refusal(job: JobSpec, opts, target_refusal: Optional[StepResult] = None) -> Optional[StepResult]:
+    """Why this job cannot run on its cluster (checked before anything is submitted), or None. TARGET_REFUSAL is
+    the target's own answer for this cluster (`Target.slurm_refusal`: a runtime its nodes lack)."""
     from envport.witness.plan import requires_gpu
 
     profile, spec = job.profile, job.loaded.spec
     if not job.calls:
         return StepResult("witness", Verdict.SKIPPED, "the spec declares no witnesses (or --check left none)")
-    if job.target == "docker" and profile.container_runtime != "docker":
-        return StepResult("slurm", Verdict.REFUSED, f"cluster {profile.name} runs containers with "
-                          f"{profile.container_runtime}, not docker", reason="no_container_runtime",
-                          lines=["fix: --target venv, or set container_runtime: docker in the profile"])
+    if target_refusal is not None:
+        return target_refusal
     if requires_gpu(spec, opts) and not (profile.gres and "gpu" in profile.gres):
         return StepResult("slurm", Verdict.REFUSED, f"the spec asks for {spec.resources.gpus} GPU(s); cluster "
                           f"{profile.name} requests none (gres)", reason=NO_ACCELERATOR_REASON,

@@ -72,6 +72,11 @@ class Launcher(ABC):
     def describe(self) -> str:
         return self.name
 
+    def sweep_line(self) -> str:
+        """The shell line a batch job's cleanup runs to remove what this launcher's killed tasks left (a SIF's
+        mounts); empty when a task leaves nothing its own trap does not remove."""
+        return ""
+
     def session(self) -> ContextManager[None]:
         """Held around a whole witness run (`run_witnesses`): what a launcher sets up once for all its
         calls (the SIF's one mount), torn down on the way out, whatever happened. Raises
