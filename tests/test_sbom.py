@@ -142,7 +142,8 @@ def test_the_built_sif_carries_its_sbom_read_from_its_content_and_signed_with_it
     assert dumped.returncode == 0, dumped
     embedded = _validate(dumped.stdout.decode())
     out = tmp_path / "read.cdx.json"
-    run_envport("sbom", str(small_sif.path), "-o", str(out), root=small_sif.root, timeout=300, check=True)
+    run_envport("sbom", str(small_sif.path), "--from-content", "-o", str(out), root=small_sif.root, timeout=300,
+                check=True)
     read = _validate(out.read_text())
     assert [c["purl"] for c in embedded["components"]] == [c["purl"] for c in read["components"]]
     assert ("six", "1.16.0") in _components(embedded, "pypi")
@@ -195,8 +196,9 @@ def test_sif_sbom_lists_what_pip_and_dpkg_show_inside_it(small_sif, tmp_path: Pa
     if missing_tools("ch-run"):
         missing(f"to run inside the SIF: {', '.join(missing_tools('ch-run'))}")
     out = tmp_path / "sif.cdx.json"
-    proc = run_envport("sbom", str(small_sif.path), "-o", str(out), root=small_sif.root, timeout=300)
-    assert proc.returncode == 0, fail_with(proc, "envport sbom FILE.sif")
+    proc = run_envport("sbom", str(small_sif.path), "--from-content", "-o", str(out), root=small_sif.root,
+                       timeout=300)
+    assert proc.returncode == 0, fail_with(proc, "envport sbom FILE.sif --from-content")
     doc = _validate(out.read_text())
     with mounted(gate(small_sif.path)) as mnt:
         inside = {name: subprocess.run(ch_run_argv(str(mnt), argv), capture_output=True, text=True,

@@ -145,7 +145,7 @@ def test_the_binary_route_embeds_the_sbom_of_what_apptainer_wrote(project: Path,
     assert props["envport:target"] == "apptainer"
     assert f"SBOM: 4 components (CycloneDX, SIF object {sbom.SBOM_NAME})" in proc.stderr
     # `envport sbom FILE.sif` reads the same partition and finds the same packages
-    again = run_envport("sbom", str(sif), root=project, env=fake, timeout=120)
+    again = run_envport("sbom", str(sif), "--from-content", root=project, env=fake, timeout=120)
     assert again.returncode == 0, fail_with(again, "envport sbom FILE.sif")
     assert {c["purl"] for c in json.loads(again.stdout)["components"]} == _expected_purls()
 

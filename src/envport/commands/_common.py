@@ -16,6 +16,15 @@ def project_root(args: argparse.Namespace) -> Path:
     return Path(args.root).resolve() if getattr(args, "root", None) else find_root()
 
 
+def root_or_here(args: argparse.Namespace) -> Path:
+    """The project root, else this folder: where an admin holding only a SIF finds a site profile (or gets the
+    local site's defaults) and where a run records."""
+    try:
+        return project_root(args)
+    except EnvportError:
+        return Path.cwd()
+
+
 def add_spec_args(parser: argparse.ArgumentParser, allow_all: bool = True) -> None:
     parser.add_argument("specs", nargs="*", metavar="NAME|PATH",
                         help="spec name (specs/<name>.yaml) or path to a spec file")
@@ -55,10 +64,7 @@ def embedded_root(args: argparse.Namespace, ref: str) -> Path | None:
         if asked:
             raise EnvportError("--embedded-spec needs --sif FILE and the env's NAME (not a spec path)")
         return None
-    try:
-        root = project_root(args)
-    except EnvportError:
-        return Path.cwd()  # an admin holding only the SIF
+    root = root_or_here(args)
     return root if asked or not (root / SPECS_DIR).is_dir() else None
 
 

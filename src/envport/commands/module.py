@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from envport.commands._common import root_or_here
 from envport.core.untrusted import shown
 from envport.core.verdict import envelope, print_json
 
@@ -63,16 +64,6 @@ def _modulepath(p) -> None:
                    help="the module tree (what users `module use`)")
 
 
-def _root(args) -> Path:
-    from envport.commands._common import project_root
-    from envport.core.errors import EnvportError
-
-    try:
-        return project_root(args)
-    except EnvportError:
-        return Path.cwd()  # an admin with only the file: the local site's defaults
-
-
 def run_install(args) -> int:
     from envport.sif.report import admitted
     from envport.sif.embedded import embedded
@@ -82,7 +73,7 @@ def run_install(args) -> int:
 
     sif = Path(args.sif)
     modulepath = Path(args.modulepath).absolute()
-    site = load_site(args.site, _root(args))  # trust.require_signed: the gate below refuses (exit 3)
+    site = load_site(args.site, root_or_here(args))  # trust.require_signed: the gate below refuses (exit 3)
     fix = "the file you named does not exist: check the path"
     checked = admitted(sif, step=f"module install {sif.name}", fix=fix)
     if isinstance(checked, StepResult):
@@ -234,7 +225,7 @@ def run_exec(args) -> int:
     if not argv:
         raise EnvportError("envport module exec FILE.sif -- CMD ARGS: name the command to run")
     if args.site:
-        load_site(args.site, _root(args))
+        load_site(args.site, root_or_here(args))
     binds = [tuple(b.split(":", 1)) for b in args.bind if ":" in b]
     try:
         gated = gate(args.sif)

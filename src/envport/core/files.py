@@ -142,6 +142,24 @@ def remove_dir(folder: Path, then=lambda: None) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def remove_tree(folder: Path) -> None:
+    """FOLDER and everything in it, also read-only folders (an extracted image's 0555 /usr) that rmtree alone
+    cannot empty as their unprivileged owner. Never follows a link."""
+    import shutil
+
+    if not os.path.lexists(folder):
+        return
+    # Top-down: each folder is made ours to list and empty before the walk enters it; a link is never chmodded
+    # (chmod follows links: it would change what the link names).
+    for parent, folders, _ in os.walk(folder):
+        for name in folders:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                with contextlib.suppress(OSError):
+                    os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def shown_path(path: Path, root: Path) -> str:
     """PATH relative to the project ROOT when it is inside it, else as given: how a line names a file."""
     try:

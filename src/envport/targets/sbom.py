@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def from_sif(path: Path, lock, fmt: str):
+def from_sif(path: Path, lock, fmt: str, from_content: bool = False):
+    """The SBOM of the SIF at PATH: the CycloneDX object the SIF carries, read without mounting anything (its
+    builder's, with whether a verified signature covers it), or with FROM_CONTENT (or for SPDX, or a SIF that
+    carries none) read from its partition, mounted or extracted."""
     from envport.sif.report import admitted
     from envport.core.verdict import StepResult, Verdict
     from envport.sif.format import SifError
@@ -20,6 +23,9 @@ def from_sif(path: Path, lock, fmt: str):
     if isinstance(checked, StepResult):
         return checked, None
     gated, _ = checked
+    carried = None if from_content or fmt != "cyclonedx" else carried_sbom(gated, step)
+    if carried is not None:
+        return carried
     try:
         text, packages = sbom.sif_sbom(gated, sbom.sif_facts(gated.info, lock), fmt)
     except SifError as exc:
@@ -29,6 +35,49 @@ def from_sif(path: Path, lock, fmt: str):
                              "damaged, or not the SIF it claims to be")
         return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, lines=[f"fix: {fix}"]), None
     return _described(step, packages, fmt), text
+
+
+def carried_sbom(gated, step: str):
+    """(verdict, text) of the one CycloneDX SBOM object GATED carries, read from the open file (no mount), or
+    None where it carries none, several, or one that is no CycloneDX JSON (the content route decides then)."""
+    import json
+
+    from envport.core.verdict import StepResult, Verdict
+    from envport.sif import sbom
+    from envport.sif.format import SifError, read_object
+
+    objects = [d for d in gated.info.descriptors if d.datatype == sbom.SBOM_DATATYPE]
+    if len(objects) != 1:
+        return None
+    (obj,) = objects
+    try:
+        text = read_object(gated.info, obj).decode("utf-8")
+        bom = json.loads(text)
+    except (SifError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(bom, dict) or bom.get("bomFormat") != "CycloneDX":
+        return None
+    count = len(bom.get("components") or [])
+    detail = (f"the SIF's own SBOM object {obj.name or obj.id} (CycloneDX {bom.get('specVersion', '?')}, {count} "
+              f"components), read without mounting anything; {_coverage(gated, obj)}")
+    return StepResult(step, Verdict.OK, detail, data={"source": "sif object", "object": obj.id}), \
+        text if text.endswith("\n") else text + "\n"
+
+
+def _coverage(gated, obj) -> str:
+    """Whether a signature verified against the site's trust.keys covers the SBOM object OBJ of GATED."""
+    from pathlib import Path
+
+    from envport.plan.site import active_trust
+    from envport.sif.gate import VERIFIED, judge_signatures
+
+    keys = active_trust().keys
+    if keys:
+        verdict, _, signed = judge_signatures(gated.info, keys)
+        if verdict == VERIFIED and obj.id in signed:
+            return "covered by a signature verified against " + ", ".join(Path(k).name for k in keys)
+    return ("no signature verified against the site's trust.keys covers it: its builder's word, not checked "
+            "(--from-content reads the partition itself)")
 
 
 def from_venv(loaded, identity, lock, fmt: str):

@@ -140,7 +140,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
         binds = weights.existing_mounts(spec, weights.weights_root())
         _TARGETS[token] = (kind, gated, mnt, binds)
         stack.callback(_TARGETS.pop, token, None)
-        progress(f"envport: [verify] {kind} on {path}" + (f" (mounted at {mnt})" if mnt else ""))
+        progress(f"envport: [verify] {kind} on {path}" + (f" ({sif_run.reached_as(Path(mnt))})" if mnt else ""))
         args = pytest_args(tests_root, spec_path, [f"--hosts={CONNECTION}://{token}"], junit, Path(tmp))
         with contextlib.redirect_stdout(out):
             code = pytest.main(args, plugins=[plugin])

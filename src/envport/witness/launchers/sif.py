@@ -204,6 +204,6 @@ class SifLauncher(Launcher):
 
     def describe(self) -> str:
         how = "apptainer exec --cleanenv" + (" --nv" if self.gpus else "") if self.runtime == "apptainer" \
-            else f"ch-run ({'kernel squashfs' if sif_run.mount_kind() == 'kernel' else sif_run.squashfuse()})"
+            else f"ch-run ({sif_run.access_label()})"
         return f"{how} {self.sif.name}"
 
