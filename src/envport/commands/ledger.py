@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from envport.commands._common import add_json_arg, project_root
+from envport.commands._common import add_json_arg, root_or_here
 from envport.core.errors import EnvportError
 
 
@@ -12,8 +12,10 @@ def register(sub) -> None:
     p = sub.add_parser("ledger", help="print an env's ledger (builds, verifies, witnesses on this machine)",
                        description="Print the records this machine's ledger holds for env NAME (kept in "
                        "$ENVPORT_STATE_DIR, else the site's ledger_dir, else $XDG_STATE_HOME/envport or "
-                       "~/.local/state/envport; never in the checkout). --write-docs regenerates "
-                       "docs/envs/NAME.md from them: the only command that writes that file.")
+                       "~/.local/state/envport; never in the checkout), for the project here, or outside any "
+                       "project for this folder (an admin's runs of a SIF with the spec it embeds). --write-docs "
+                       "regenerates docs/envs/NAME.md from them (in a project): the only command that writes that "
+                       "file.")
     p.add_argument("name", metavar="NAME", help="the env's name")
     p.add_argument("--site", default=None, help="site profile whose ledger_dir to read (default: local)")
     p.add_argument("--write-docs", action="store_true", help="regenerate docs/envs/NAME.md from the records")
@@ -28,7 +30,12 @@ def run(args) -> int:
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", args.name):
         raise EnvportError(f"{args.name!r} is not an env name (lowercase letters, digits and '-')")
-    root = project_root(args)
+    from envport.spec.loader import SPECS_DIR
+
+    root = root_or_here(args)
+    if args.write_docs and not (root / SPECS_DIR).is_dir():
+        raise EnvportError(f"--write-docs regenerates docs/envs/{args.name}.md in a project, and {root} has no "
+                           f"{SPECS_DIR}/: run it in the project (or -C ROOT); without it the records are printed")
     where = load_site(args.site, root).ledger_dir
     path = ledger.ledger_path(root, args.name, where)
     records = ledger.read(root, args.name, where)

@@ -60,7 +60,7 @@ def run(args) -> int:
     missing = refusal(f"verify {loaded.spec.name}", VERIFY_MODULES)
     if missing is not None:  # nothing ran, so nothing is recorded
         return report([missing], args.json, command="verify")
-    junit = Path(args.junit).resolve() if args.junit else None
+    junit = Path(args.junit).resolve() if args.junit else _outside_project_junit(root, site, loaded.spec.name)
     from envport.targets.base import Unsupported, VerifyRequest
 
     if not target.supports(VERIFY):
@@ -81,3 +81,14 @@ def run(args) -> int:
     if note and not args.json:
         print(note)
     return report([result], args.json, command="verify")
+
+
+def _outside_project_junit(root: Path, site, name: str) -> Path | None:
+    """Where the JUnit report goes when ROOT is no project (an admin's folder holding a SIF): the state dir, beside
+    the ledger, never a reports/ folder made in the admin's folder; None in a project (its reports/)."""
+    from envport.report import ledger
+    from envport.spec.loader import SPECS_DIR
+
+    if (root / SPECS_DIR).is_dir():
+        return None
+    return ledger.state_dir(site.ledger_dir) / "reports" / ledger.project_key(root) / f"verify-{name}.xml"

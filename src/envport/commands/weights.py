@@ -20,13 +20,18 @@ def register(sub) -> None:
                        "the fix says to remove it by hand. A gated weight needs its auth_hint token in the "
                        "environment; it is passed to the command, and every weight's token is masked (***) in "
                        "all envport prints or records. stage --host H: copy "
-                       "verified weights to ~/.envport/weights/<env>/ on an SSH host.")
+                       "verified weights to ~/.envport/weights/<env>/ on an SSH host. --sif FILE: the weights of "
+                       "the spec FILE.sif embeds, after the trust gate and inspect's checks tie it to the image, "
+                       "for an admin who holds the SIF and no project.")
     p.add_argument("action", choices=("verify", "fetch", "stage"))
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--root", dest="weights_root", default=None, metavar="DIR",
                    help="weights root (default: $ENVPORT_WEIGHTS_DIR, else ~/.envport/weights)")
     p.add_argument("--host", default=None, help="stage: the SSH host (site alias or destination)")
-    p.add_argument("--site", default=None, help="site profile naming SSH hosts (default: local)")
+    p.add_argument("--site", default=None, help="site profile naming SSH hosts (default: local); with --sif its "
+                   "trust gates the file")
+    p.add_argument("--sif", default=None, metavar="FILE",
+                   help="the spec this SIF embeds instead of specs/NAME.yaml (no project needed)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=run)
 
@@ -40,7 +45,9 @@ def run(args) -> int:
     from envport.recipe.identity import resolve
     from envport.report import ledger
 
-    loaded = load_one(args, args.spec)
+    loaded = _embedded(args) if args.sif else load_one(args, args.spec)
+    if not hasattr(loaded, "spec"):  # the SIF or its spec refused: the gate's or inspect's own words
+        return report([loaded], args.json, command="weights")
     root = weights.weights_root(args.weights_root)
     site = load_site(args.site, loaded.root)
     if args.action == "verify":
@@ -59,6 +66,24 @@ def run(args) -> int:
                       hash_=resolve(loaded, site, "venv").hash, result=result, action=args.action,
                       weights_root=str(root))
     return report([result], args.json, command="weights")
+
+
+def _embedded(args):
+    """The Loaded spec the --sif FILE embeds (rooted at the project or this folder), or the StepResult refusing
+    it; the site is loaded first, so its trust.require_signed gates the file before its spec is read."""
+    from pathlib import Path
+
+    from envport.commands._common import root_or_here
+    from envport.core.errors import EnvportError
+    from envport.plan.site import load_site
+    from envport.targets.registry import get
+
+    if args.action == "stage":
+        raise EnvportError("weights stage --sif: stage from the project (the SIF's spec names no SSH host)")
+    where = root_or_here(args)
+    load_site(args.site, where)
+    got = get("apptainer").embedded(str(Path(args.sif)), args.spec, where)
+    return got.loaded if hasattr(got, "loaded") else got
 
 
 def venv_bin(name: str):
