@@ -156,24 +156,31 @@ def test_committed_workflow_is_generated_byte_identical_and_drift_is_reported(pr
     assert text == for_project(REPO, loaded)
     assert (REPO / WORKFLOW).read_text() == text, "run `envport matrix --format github` and commit the workflow"
     # One job per pair: every spec x target, a GPU spec's on the self-hosted GPU label.
+    # Every pair is a job, or named in the header as not emitted with its reason (issue 38: U3, U4).
+    from envport.plan.site import load_site
+    from envport.report.workflow import refused
+
     rows = len(NAMES) + 1  # every target, and the site's one SSH host
-    assert text.count("\n          - {pair: ") == len(loaded) * rows
+    skipped = refused(loaded, load_site("github", REPO))
+    assert text.count("\n          - {pair: ") + len(skipped) == len(loaded) * rows
+    assert text.count("\n# not emitted, REFUSED [") == len(skipped)
     assert '{pair: "chai-lab-docker", env: "chai-lab", target: "docker", host: "", local-base: false, ' \
            'runner: ["self-hosted", "linux", "gpu", "gpus-1"]}' in text
-    assert '{pair: "demo-cpu-ssh-test", env: "demo-cpu", target: "venv", host: "test", local-base: false, ' \
+    assert '{pair: "demo-cpu-docker", env: "demo-cpu", target: "docker", host: "", local-base: true, ' \
            'runner: ["ubuntu-24.04"]}' in text
     assert "sudo add-apt-repository -y ppa:apptainer/ppa" in text and "envport render --all --check" in text
     # A project that keeps the workflow: --format github writes it, render --check reports its drift.
-    proc = run_envport("matrix", "--format", "github", root=project, timeout=120, check=True)
-    assert proc.stdout.startswith(f"OK       {WORKFLOW}")
+    proc = run_envport("matrix", "--format", "github", root=project, timeout=120)
+    assert proc.returncode == 3 and proc.stdout.startswith(f"OK       {WORKFLOW}")  # 3: pairs left out
     assert (project / WORKFLOW).read_text() == text
     assert _workflow_check(project) == ("OK", [])
     write_spec(project, unique("new-env"))
     assert _workflow_check(project) == ("FAILED", [str(WORKFLOW)])
     proc = run_envport("render", "--all", "--check", root=project, timeout=120)
     assert proc.returncode == 1 and f"drift: {WORKFLOW}\n" in proc.stderr
-    proc = run_envport("matrix", "--format", "github", root=project, timeout=120, check=True)
-    assert "(36 jobs)" in proc.stdout and _workflow_check(project) == ("OK", [])
+    proc = run_envport("matrix", "--format", "github", root=project, timeout=120)
+    jobs = len(loaded) * rows - len(skipped) + rows - 1  # the new spec's pairs but its SSH one
+    assert f"({jobs} jobs)" in proc.stdout and _workflow_check(project) == ("OK", []), proc.stdout
     (project / WORKFLOW).write_text((project / WORKFLOW).read_text() + "# edited by hand\n")
     run_envport("render", "--all", root=project, timeout=120, check=True)  # regenerates it with images/
     assert _workflow_check(project) == ("OK", [])

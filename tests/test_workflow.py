@@ -3,6 +3,7 @@ the runner's user, root only for what needs it, and never emits a pair whose loc
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -48,27 +49,64 @@ def test_a_local_torch_version_needs_pytorchs_index_by_name():
     assert needed_source("mylib", "1.0+local")[1] is False
 
 
+def _plan(loaded, site, target: str):
+    from envport.recipe.identity import resolve
+    from envport.targets.registry import get
+
+    return resolve(loaded, site, get(target)).plan
+
+
 def test_unserved_names_the_missing_source_and_accepts_the_phases_own(project):
-    spec = load_spec("demo-cpu", REPO).spec
+    loaded = load_spec("demo-cpu", REPO)
     pypi_only = load_site("local", REPO).model_copy(update={"wheelhouse": False})
-    (miss,) = unserved(_lock(("torch", "2.13.0+cpu"), ("six", "1.16.0")), spec, pypi_only)
+    (miss,) = unserved(_lock(("torch", "2.13.0+cpu"), ("six", "1.16.0")), _plan(loaded, pypi_only, "docker"))
     assert (miss.phase, miss.dist, miss.source) == (1, "torch==2.13.0+cpu", "https://download.pytorch.org/whl/cpu")
     assert "https://download.pytorch.org/whl/cpu" in miss.message("local")
-    with_phase_index = spec.model_copy(update={"pip_phases": [spec.pip_phases[0].model_copy(
-        update={"index_url": "https://download.pytorch.org/whl/cpu/"})]})
-    assert unserved(_lock(("torch", "2.13.0+cpu")), with_phase_index, pypi_only) == []
+    spec = loaded.spec
+    with_phase_index = loaded.__class__(**{**vars(loaded), "spec": spec.model_copy(update={"pip_phases": [
+        spec.pip_phases[0].model_copy(update={"index_url": "https://download.pytorch.org/whl/cpu/"})]})})
+    assert unserved(_lock(("torch", "2.13.0+cpu")), _plan(with_phase_index, pypi_only, "venv")) == []
     # A direct reference names its own file; a site that installs from its wheelhouse is not asked.
-    assert unserved(_lock(("torch", "2.13.0+cpu"), url="https://x.example/t.whl"), spec, pypi_only) == []
-    assert unserved(_lock(("torch", "2.13.0+cpu")), spec, pypi_only.model_copy(update={"wheelhouse": True})) == []
+    assert unserved(_lock(("torch", "2.13.0+cpu"), url="https://x.example/t.whl"),
+                    _plan(loaded, pypi_only, "docker")) == []
+    wheelhouse = pypi_only.model_copy(update={"wheelhouse": True})
+    assert unserved(_lock(("torch", "2.13.0+cpu")), _plan(loaded, wheelhouse, "docker")) == []
 
 
-def test_the_github_site_serves_every_committed_lock():
+def test_the_lock_check_reads_the_sources_the_build_writes(project):
+    """U4: the site's CPU index reaches a container's `pip install` line, never a host build's (venv, conda,
+    SSH: the host's pip configuration), so the check serves the container pairs and not the host ones,
+    from the very arguments each build writes (PipStep.pip_args)."""
+    from envport.report.lock_sources import step_sources
+
     site = load_site("github", REPO)
-    for name in all_spec_names(REPO):
-        loaded = load_spec(name, REPO)
-        lock = current(loaded)
-        if lock is not None:
-            assert unserved(lock, loaded.spec, site) == [], name
+    loaded = load_spec("demo-cpu", REPO)
+    lock = current(loaded)
+    assert lock is not None
+    for target, served in (("docker", True), ("podman", True), ("apptainer", True), ("venv", False),
+                           ("conda", False)):
+        plan = _plan(loaded, site, target)
+        step = next(s for s in plan.steps if getattr(s, "kind", "") == "pip")
+        line = " ".join(step.pip_args(""))
+        sources = step_sources(step)
+        # The check's sources are exactly the ones on the build's pip line (plus pip's default index).
+        assert all(u in line for u in sources if u != "https://pypi.org/simple"), (target, sources, line)
+        assert ("https://download.pytorch.org/whl/cpu" in line) == served, (target, line)
+        assert (unserved(lock, plan) == []) == served, target
+
+
+def test_the_github_site_serves_every_committed_lock_on_the_targets_it_reaches():
+    from envport.report.workflow import refused
+
+    site = load_site("github", REPO)
+    loaded = [load_spec(n, REPO) for n in all_spec_names(REPO)]
+    lock_refused = {r.pair for r in refused(loaded, site) if r.reason == "lock_source"}
+    for ld in loaded:
+        lock = current(ld)
+        for target in ("docker", "podman", "apptainer"):
+            assert lock is None or unserved(lock, _plan(ld, site, target)) == [], (ld.spec.name, target)
+            assert f"{ld.spec.name}-{target}" not in lock_refused
+    assert {"demo-cpu-venv", "demo-cpu-conda"} <= lock_refused
 
 
 def test_matrix_refuses_the_pairs_whose_lock_the_site_cannot_serve(project):
@@ -81,7 +119,7 @@ def test_matrix_refuses_the_pairs_whose_lock_the_site_cannot_serve(project):
     # The exit code the user sees is the one --help documents (issue 27: it said only 0 and 1).
     help_text = " ".join(run_envport("matrix", "--help", root=project).stdout.split())
     assert "--format github 3 when a pair was left out" in help_text, help_text
-    refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED")]
+    refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED") and "[lock_source]" in ln]
     assert [ln.split()[1] for ln in refused] == [f"demo-cpu-{t}" for t in
                                                   ("docker", "apptainer", "venv", "conda", "podman", "ssh-test")], proc.stdout
     assert all("[lock_source]" in ln and "torch==2.13.0+cpu" in ln and "https://download.pytorch.org/whl/cpu" in ln
@@ -89,8 +127,62 @@ def test_matrix_refuses_the_pairs_whose_lock_the_site_cannot_serve(project):
     text = (project / WORKFLOW).read_text()
     assert '{pair: "demo-cpu-' not in text and '{pair: "scanpy-cpu-venv"' in text
     assert "# not emitted, REFUSED [lock_source]: demo-cpu-venv: phase 1 pins torch==2.13.0+cpu" in text
-    # The committed site has the CPU index: every pair is emitted, and the file is the committed one.
+    # The committed site has the CPU index: the container pairs are emitted; the host pairs, whose builds use
+    # the runner's own pip (PyPI), are not (U4); nor any SSH pair (U3). The file is the committed one.
     (project / "sites" / "github.yaml").write_text((REPO / "sites" / "github.yaml").read_text())
     proc = run_envport("matrix", "--format", "github", root=project, timeout=120)
-    assert proc.returncode == 0 and "REFUSED" not in proc.stdout, proc.stdout + proc.stderr
+    refused = {ln.split()[1]: ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED")}
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert {k for k, v in refused.items() if "[lock_source]" in v} == {"demo-cpu-venv", "demo-cpu-conda",
+                                                                       "demo-cpu-ssh-test"}, refused
+    assert "spec phase's own extra_index_urls" in refused["demo-cpu-venv"]
+    assert all("[unreachable_host]" in v for k, v in refused.items() if k.endswith("-ssh-test")
+               and k != "demo-cpu-ssh-test"), refused
     assert (project / WORKFLOW).read_text() == (REPO / WORKFLOW).read_text()
+
+
+def test_no_emitted_pair_needs_an_ssh_host_the_runner_cannot_reach():
+    """U3: the SSH pairs used the sshd a job starts under sudo (root-only config, remote user root): not
+    emitted, each named in the header with its reason."""
+    data = yaml.safe_load((REPO / WORKFLOW).read_text())
+    rows = data["jobs"]["up"]["strategy"]["matrix"]["include"]
+    assert rows and all(r["host"] == "" for r in rows), [r["pair"] for r in rows if r["host"]]
+    text = (REPO / WORKFLOW).read_text()
+    for name in all_spec_names(REPO):
+        assert f"[unreachable_host]: {name}-ssh-test:" in text or f"[lock_source]: {name}-ssh-test:" in text, name
+
+
+def test_podman_pairs_on_a_local_base_get_it_into_podmans_store():
+    """U5: `envport base` puts the base into docker (as root); rootless podman reads the runner user's
+    own store, so a podman pair on an envport/* base needs the step that loads it there."""
+    data = yaml.safe_load((REPO / WORKFLOW).read_text())
+    rows = data["jobs"]["up"]["strategy"]["matrix"]["include"]
+    steps = data["jobs"]["up"]["steps"]
+    podman_local = [r for r in rows if r["target"] == "podman" and r["local-base"]]
+    assert podman_local, "no podman pair on a local base: this test has nothing to check"
+    for row in podman_local:
+        ran = [s for s in steps if _runs(s.get("if", ""), row)]
+        body = "\n".join(s.get("run", "") for s in ran)
+        load = body.index("| podman load")
+        assert body.index("envport base debian-bookworm") < load, body
+        assert "podman image exists envport/debian-bookworm:base" in body and load < body.index('envport "$@"')
+    docker_rows = [r for r in rows if r["target"] == "docker" and r["local-base"]]
+    assert all("podman" not in "".join(s.get("run", "") for s in steps if _runs(s.get("if", ""), r))
+               for r in docker_rows)
+
+
+def _runs(condition, row) -> bool:
+    """A step's `if:` for ROW: the workflow's conditions are `&&` of `matrix.X`, `matrix.X == 'v'` and
+    `matrix.X != 'v'` (the faithful-runner test evaluates them the same way)."""
+    if isinstance(condition, bool) or not condition:
+        return condition is not False
+    for term in (t.strip() for t in str(condition).split("&&")):
+        if term == "always()":
+            continue
+        m = re.fullmatch(r"matrix\.([\w-]+)(?:\s*(==|!=)\s*'([^']*)')?", term)
+        assert m, f"a condition this test cannot read: {term!r}"
+        value = row.get(m.group(1))
+        ok = bool(value) if m.group(2) is None else (str(value) == m.group(3)) == (m.group(2) == "==")
+        if not ok:
+            return False
+    return True

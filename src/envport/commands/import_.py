@@ -35,6 +35,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def next_render(root: Path, name: str) -> str:
+    """The render to run after an import. Where the project keeps the generated workflow, `render NAME` would
+    leave it without the new spec's jobs and `render --all --check` (CI's drift check) failing: `--all`
+    renders the new spec and regenerates the workflow in one step."""
+    from envport.report.workflow import WORKFLOW_PATH
+
+    if (root / WORKFLOW_PATH).exists():
+        return f"envport render --all (renders images/{name}/ and keeps {WORKFLOW_PATH} in step)"
+    return f"envport render {name}"
+
+
 def run(args) -> int:
     from envport.porting.run import import_recipe
 
@@ -67,7 +78,7 @@ def run(args) -> int:
               "not read or cannot be carried into the spec (`dropped (a step that may install something…)` "
               "above); add them to the spec by hand")
     elif result.valid:
-        print(f"OK       {result.spec_path} {verb}; it validates (next: envport render {result.name})")
+        print(f"OK       {result.spec_path} {verb}; it validates (next: {next_render(root, result.name)})")
     else:
         print(f"INCOMPLETE {result.spec_path} {verb} with fields to fill (FILL above); `envport validate "
               f"{result.name}` lists what is left")

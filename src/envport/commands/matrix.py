@@ -32,8 +32,13 @@ def register(sub) -> None:
                        "listed as skipped with the reason. --format github writes .github/workflows/envs.yml "
                        "(one job per pair; `envport render --all --check` reports its drift). Exit code: 0 "
                        "when listing; with --format github 3 when a pair was left out of the workflow "
-                       "(REFUSED [lock_source]: its lock pins a file the site's pip sources cannot serve); "
-                       "with --run 1 when any pair's `up` did not end ok.")
+                       "(REFUSED [lock_source]: its lock pins a file its build's pip sources cannot serve; "
+                       "REFUSED [unreachable_host]: an SSH pair, whose host a runner cannot reach as its user); "
+                       "with --run 1 when any pair's `up` did not end ok. --run --slurm CLUSTER runs the pairs "
+                       "as one Slurm job array instead (several where the cluster's MaxArraySize asks), at most "
+                       "--jobs tasks at once, each task `envport up` for its pair on the node it lands on with "
+                       "the cluster profile's partition, account and time; the same JUnit and summary, each "
+                       "pair's node named, a task that timed out or lost its node named with its reason.")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table (default), json (the one --json shape: command, exit_code, steps, problems, "
                    "pairs), or github: write .github/workflows/envs.yml")
@@ -45,7 +50,11 @@ def register(sub) -> None:
     p.add_argument("--site", default=None, help="site profile (default: local; --format github always uses "
                    "sites/github.yaml)")
     p.add_argument("--run", action="store_true", help="run `envport up` for every runnable pair")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="--run: pairs at once (default 1)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="--run: pairs at once (default 1); with "
+                   "--slurm the array's throttle (sbatch --array=0-N%%K)")
+    p.add_argument("--slurm", default=None, metavar="CLUSTER",
+                   help="--run: submit the runnable pairs as a Slurm job array on this cluster profile "
+                   "(slurm/clusters/<name>.yaml or a path) and follow it, instead of running them here")
     p.add_argument("--junit", default=None, metavar="FILE",
                    help="--run: JUnit XML, one test case per pair and up step (default reports/matrix.xml)")
     p.add_argument("--summary", default=None, metavar="FILE.md",
@@ -71,6 +80,8 @@ def run(args) -> int:
                            exit_code=2)
     if args.jobs < 1:
         raise EnvportError("--jobs must be at least 1", exit_code=2)
+    if args.slurm and not args.run:
+        raise EnvportError("--slurm CLUSTER runs the matrix on a cluster: add --run", exit_code=2)
     if args.format == "github":
         if args.run or args.env or args.target or args.site:
             raise EnvportError("--format github writes the whole matrix (every spec, every target, for the site "
@@ -85,7 +96,7 @@ def run(args) -> int:
     probes = Probes(site, root)
     judged = [judge(by_name[p.env], p, site, root, probes) for p in pairs(list(by_name), site, tuple(targets))]
     if args.run:
-        return _run(args, root, judged)
+        return _run(args, root, judged, by_name)
     return _list(args, judged)
 
 
@@ -166,13 +177,17 @@ def _list(args, judged) -> int:
 # --- running ---------------------------------------------------------------------
 
 
-def _run(args, root: Path, judged) -> int:
+def _run(args, root: Path, judged, by_name: dict) -> int:
     from envport.core.verdict import StepResult, Verdict, envelope, print_json
     from envport.report.matrix import PairRun, junit_xml, summary_md
 
     runs = [PairRun(j) for j in judged]
     start = time.monotonic()
-    _schedule(root, args, [r for r in runs if r.judged.runnable], args.jobs)
+    runnable = [r for r in runs if r.judged.runnable]
+    if args.slurm:
+        _on_slurm(root, args, runnable, by_name)
+    else:
+        _schedule(root, args, runnable, args.jobs)
     wall = time.monotonic() - start
     junit = Path(args.junit) if args.junit else root / "reports" / "matrix.xml"
     summary = Path(args.summary) if args.summary else root / "reports" / "matrix-summary.md"
@@ -183,8 +198,9 @@ def _run(args, root: Path, judged) -> int:
     if args.json:
         verdicts = {"OK": Verdict.OK, "skipped": Verdict.SKIPPED, "REFUSED": Verdict.REFUSED}
         steps = [StepResult(r.judged.pair.label, verdicts.get(r.verdict, Verdict.FAILED), r.detail,
-                            seconds=r.seconds, data={"exit_code": r.exit_code, "size": r.size, "where": r.where,
-                                                     "steps": r.steps}).to_dict() for r in runs]
+                            reason=r.reason, seconds=r.seconds,
+                            data={"exit_code": r.exit_code, "size": r.size, "where": r.where, "ran_on": r.ran_on,
+                                  "steps": r.steps, **({"slurm": r.slurm} if r.slurm else {})}).to_dict() for r in runs]
         print_json(envelope("matrix", code, steps=steps, junit=str(junit), summary=str(summary),
                             wall_seconds=round(wall, 3), jobs=args.jobs))
         return code
@@ -241,7 +257,12 @@ def _say(label: str, line: str) -> None:
 
 
 def _pair_env(pair, site) -> dict:
-    env = dict(os.environ)
+    return {**os.environ, **_pair_extra_env(pair, site)}
+
+
+def _pair_extra_env(pair, site) -> dict:
+    """What a pair's `envport up` needs beyond this shell's environment."""
+    env: dict = {}
     if pair.target in ssh_rows():
         # The env folder on the host: $ENVPORT_SSH_ENVS_DIR, else (the host is this machine) parity's own
         # separate folder, so the "remote" build never finds the local venv present.
@@ -262,8 +283,7 @@ def _one(root: Path, args, r) -> None:
     from envport.plan.site import load_site
 
     pair = r.judged.pair
-    argv = [sys.executable, "-m", "envport", "-C", str(root), *pair.up_args(), "--json",
-            *(["--site", args.site] if args.site else [])]
+    argv = _up_argv(root, args, pair)
     site = load_site(args.site, root)
     env = _pair_env(pair, site)
     _say(pair.label, "envport " + " ".join(argv[5:]))
@@ -293,6 +313,64 @@ def _one(root: Path, args, r) -> None:
         r.exit_code = r.exit_code or 1
     _measure(r, site)
     _say(pair.label, f"{r.verdict} in {r.seconds:.1f}s: {r.detail}")
+
+
+def _up_argv(root: Path, args, pair) -> list[str]:
+    return [sys.executable, "-m", "envport", "-C", str(root), *pair.up_args(), "--json",
+            *(["--site", args.site] if args.site else [])]
+
+
+# --- running on Slurm ----------------------------------------------------------------
+
+
+def _on_slurm(root: Path, args, runs: list, by_name: dict) -> None:
+    """Every runnable pair as a task of one Slurm job array (flow/matrix_slurm.py), followed to its end."""
+    import shutil
+
+    from envport.engines.slurm import max_array_size
+    from envport.flow import matrix_slurm as array
+    from envport.plan.cluster import load_cluster
+    from envport.plan.site import load_site
+    from envport.recipe.identity import resolve
+    from envport.targets.registry import row_target
+    from envport.witness.slurm_job import new_job_dir
+
+    profile = load_cluster(args.slurm, None if args.slurm.endswith((".yaml", ".yml")) else root)
+    if not runs:
+        return None  # nothing runnable here: nothing to submit (the summary lists every pair as skipped)
+    if profile.slurm_conf:  # every Slurm command of this process, and (sbatch's environment) the tasks'
+        os.environ["SLURM_CONF"] = os.path.expanduser(profile.slurm_conf)
+    if shutil.which("sbatch") is None:
+        return _refuse_all(runs, "no_slurm", "no sbatch on PATH: run on a Slurm login node "
+                           "(Debian: apt-get install slurm-client)")
+    site = load_site(args.site, root)
+    tasks = []
+    for r in runs:
+        pair = r.judged.pair
+        hash12 = resolve(by_name[pair.env], site, row_target(pair.target)).identity.hash12
+        tasks.append(array.Task(r, f"{hash12}-{pair.key}", _up_argv(root, args, pair), _pair_extra_env(pair, site)))
+    job_dir = new_job_dir(profile, "matrix")
+    arrays = array.plan_arrays(tasks, max_array_size(), args.jobs, job_dir)
+    say = _slurm_progress
+    why = array.submit_all(arrays, profile, job_dir, say)
+    if why:
+        return _refuse_all(runs, "sbatch_rejected", f"Slurm refused the matrix's array: {why.splitlines()[-1]} "
+                           f"(script {arrays[0].script}; fix: adjust the cluster profile {profile.name})")
+    array.follow(arrays, profile, say)
+    array.gather(arrays, profile)
+    for r in runs:
+        _measure(r, site)
+        _say(r.judged.pair.label, f"{r.verdict}: {r.detail}" + (f" ({r.ran_on})" if r.ran_on else ""))
+
+
+def _slurm_progress(line: str) -> None:
+    with _print_lock:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _refuse_all(runs: list, reason: str, why: str) -> None:
+    for r in runs:
+        r.exit_code, r.reason, r.error = 3, reason, why
 
 
 def _measure(r, site) -> None:

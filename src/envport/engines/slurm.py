@@ -233,3 +233,73 @@ def node_reasons(nodelist: str) -> list[str]:
         if node:
             rows.append(f"{node}: {reason.strip() or 'no reason given'} ({state.strip()})")
     return sorted(set(rows))
+
+
+# --- job arrays (`envport matrix --run --slurm`) ------------------------------------
+
+
+def max_array_size() -> Optional[int]:
+    """The cluster's MaxArraySize (`scontrol show config`): an array's indices must stay below it. None when
+    scontrol does not say (then one array is tried, and sbatch's own complaint names the limit)."""
+    rc, out, _ = _run(["scontrol", "show", "config"])
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", out, re.M) if rc == 0 else None
+    return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass
+class ArrayTask:
+    """One task of a job array as Slurm reports it."""
+
+    index: int  # SLURM_ARRAY_TASK_ID
+    job_id: str = ""  # the task's own job id: `sacct -c` knows it by this one only
+    state: str = "PENDING"
+    reason: str = ""
+    nodes: str = ""
+    exit_code: str = ""  # "rc:signal" once it ended
+
+
+def array_queue(array_id: str) -> Optional[dict[int, ArrayTask]]:
+    """The array's tasks still queued or running, one line each (`squeue -r`); None when squeue did not answer
+    (a hiccup of slurmctld is not "every task left the queue")."""
+    rc, out, err = _run(["squeue", "-h", "-r", "-j", array_id, "-o", "%K|%A|%T|%r|%N"])
+    if rc != 0:
+        # squeue exits 1 with "Invalid job id" once Slurm forgot the whole array: nothing queued.
+        return {} if "Invalid job id" in out + err else None
+    tasks: dict[int, ArrayTask] = {}
+    for line in out.splitlines():
+        index, job_id, state, reason, nodes = (line.split("|") + [""] * 5)[:5]
+        if index.isdigit():
+            tasks[int(index)] = ArrayTask(int(index), job_id, state, reason, nodes)
+    return tasks
+
+
+def array_final(array_id: str) -> dict[int, ArrayTask]:
+    """Every task Slurm still remembers (`scontrol show job -o ARRAY`: one line per task; a range of pending
+    tasks is one line with a range, left out here)."""
+    rc, out, _ = _run(["scontrol", "show", "job", "-o", array_id])
+    tasks: dict[int, ArrayTask] = {}
+    for line in out.splitlines() if rc == 0 else []:
+        fields = {k: m.group(1) for k in ("JobId", "ArrayTaskId", "JobState", "Reason", "ExitCode", "NodeList")
+                  if (m := re.search(rf"(?:^|\s){k}=(\S+)", line))}
+        if fields.get("ArrayTaskId", "").isdigit():
+            i = int(fields["ArrayTaskId"])
+            nodes = fields.get("NodeList", "")
+            tasks[i] = ArrayTask(i, fields.get("JobId", ""), fields.get("JobState", "UNKNOWN"),
+                                 fields.get("Reason", ""), "" if nodes == "(null)" else nodes,
+                                 fields.get("ExitCode", ""))
+    return tasks
+
+
+def sacct_tasks(job_ids: Sequence[str]) -> dict[str, ArrayTask]:
+    """State, ExitCode and NodeList of finished jobs by their own ids, from the job-completion file (`sacct -c`):
+    what is left once slurmctld forgot an array (its MinJobAge)."""
+    if not job_ids:
+        return {}
+    rc, out, _ = _run(["sacct", "-c", "-j", ",".join(job_ids), "-n", "-P", "-o", "jobid,state,exitcode,nodelist"])
+    found: dict[str, ArrayTask] = {}
+    for line in out.splitlines() if rc == 0 else []:
+        parts = line.split("|")
+        if len(parts) >= 4 and parts[0] in job_ids:
+            found[parts[0]] = ArrayTask(-1, parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", "",
+                                        parts[3], parts[2])
+    return found

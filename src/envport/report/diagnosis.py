@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
+import string
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
@@ -29,11 +31,17 @@ class Row:
     wrong: str
     fix: str
     host: bool = False
+    context: Optional[re.Pattern] = None  # facts from the log's other lines, for $name in wrong and fix
+
+
+class _Facts(dict):
+    def __missing__(self, key: str) -> str:
+        return "(not in the log)"
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    row: Row
+    row: Row  # its wrong and fix already say the log's facts ($name filled in)
     line: str  # the log line that matched
 
     @property
@@ -59,11 +67,12 @@ def _row(i: int, raw: dict) -> Row:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     if raw["layer"] not in LAYERS:
         raise ValueError(f"{where}: layer {raw['layer']!r} is not one of {', '.join(LAYERS)}")
-    unknown = set(raw) - {"id", "symptom", "layer", "wrong", "fix", "host"}
+    unknown = set(raw) - {"id", "symptom", "layer", "wrong", "fix", "host", "context"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
     return Row(raw["id"], re.compile(raw["symptom"]), raw["layer"], " ".join(raw["wrong"].split()),
-               " ".join(raw["fix"].split()), bool(raw.get("host", False)))
+               " ".join(raw["fix"].split()), bool(raw.get("host", False)),
+               re.compile(raw["context"]) if raw.get("context") else None)
 
 
 @functools.lru_cache(maxsize=2)
@@ -83,10 +92,27 @@ def diagnose(lines: Iterable[str], rows: Optional[tuple[Row, ...]] = None) -> li
     lines = list(lines)
     found = []
     for row in rows or table():
-        hit = next((ln for ln in lines if row.symptom.search(ln)), None)
+        hit = next(((ln, m) for ln in lines if (m := row.symptom.search(ln))), None)
         if hit is not None:
-            found.append(Diagnosis(row, hit))
+            found.append(Diagnosis(_said(row, _facts(row, hit[1], lines)), hit[0]))
     return found
+
+
+def _facts(row: Row, match: re.Match, lines: list[str]) -> dict:
+    """The symptom's named groups, and the context's from the first line it matches."""
+    facts = _Facts({k: v for k, v in match.groupdict().items() if v is not None})
+    context = next((m for ln in lines if row.context and (m := row.context.search(ln))), None)
+    if context:
+        facts.update({k: v.strip() for k, v in context.groupdict().items() if v is not None})
+    return facts
+
+
+def _said(row: Row, facts: dict) -> Row:
+    """ROW with the log's facts in its wrong and fix ($name; a rule's text without $ is left as it is)."""
+    if "$" not in row.wrong + row.fix:
+        return row
+    return dataclasses.replace(row, wrong=string.Template(row.wrong).safe_substitute(facts),
+                               fix=string.Template(row.fix).safe_substitute(facts))
 
 
 def first(lines: Iterable[str]) -> Optional[Diagnosis]:

@@ -124,6 +124,10 @@ class PairRun:
     size: Optional[int] = None  # image / SIF / env bytes
     where: str = ""  # image tag, SIF path or env prefix
     error: str = ""  # the run's own failure (no JSON), with its stderr tail
+    reason: str = ""  # the run's own failure as a token (a Slurm task's TIMEOUT: slurm_timeout)
+    lines: list[str] = field(default_factory=list)  # the run's own failure: its log's last lines
+    ran_on: str = ""  # where it ran when not on this host: "Slurm job 21_3 on node2"
+    slurm: dict = field(default_factory=dict)  # a Slurm task's facts: array, index, job_id, state, nodes
 
     @property
     def verdict(self) -> str:
@@ -132,14 +136,14 @@ class PairRun:
         if self.exit_code == 0:
             return "OK"
         bad = next((s for s in self.steps if s.get("verdict") in ("FAILED", "REFUSED")), None)
-        return bad["verdict"] if bad else "FAILED"
+        return bad["verdict"] if bad else "REFUSED" if self.exit_code == 3 else "FAILED"
 
     @property
     def detail(self) -> str:
         if self.exit_code is None:
             return self.judged.why_not
         if self.error:
-            return self.error.splitlines()[0] if self.error else ""
+            return self.error.splitlines()[0] + (f" [{self.reason}]" if self.reason else "")
         bad = next((s for s in self.steps if s.get("verdict") in ("FAILED", "REFUSED")), None)
         if bad:
             return f"{bad['step']}: {bad.get('detail', '')}" + (f" [{bad['reason']}]" if bad.get("reason") else "")
@@ -148,40 +152,58 @@ class PairRun:
 
 def junit_xml(runs: list[PairRun]) -> bytes:
     """One <testcase> per pair and `up` step: a FAILED step a <failure>, a REFUSED one a <failure
-    type="REFUSED">, a step not run (pair unrunnable, or after the first failure) a <skipped> with why."""
+    type="REFUSED">, a step not run (pair unrunnable, or after the first failure) a <skipped> with why.
+    A run that ended without reporting its steps (no JSON; a Slurm task's TIMEOUT or lost node) fails
+    at its first unreported step, with its reason and log tail: a pair that broke is never all skips."""
     suite = ET.Element("testsuite", name="envport-matrix")
     counts = {"tests": 0, "failures": 0, "skipped": 0}
     total = 0.0
     for run in runs:
         steps = {s["step"]: s for s in run.steps}
+        broke = run.exit_code not in (None, 0) and bool(run.error)
         for step in UP_STEPS:
             case = ET.SubElement(suite, "testcase", classname=f"matrix.{run.judged.pair.key}", name=step)
             counts["tests"] += 1
             s = steps.get(step)
-            if s is None:
+            if s is None and broke:
+                _failure(case, "REFUSED" if run.verdict == "REFUSED" else "FAILED",
+                         f"the run ended before this step reported: {run.detail}", run.lines)
+                counts["failures"] += 1
+                broke = False  # the steps after it were never reached: skipped
+            elif s is None:
                 why = run.judged.why_not if run.exit_code is None else (run.error or "no result for this step")
                 ET.SubElement(case, "skipped", message=f"not run: {why}"[:2000])
                 counts["skipped"] += 1
-                continue
-            case.set("time", f"{float(s.get('seconds') or 0):.3f}")
-            total += float(s.get("seconds") or 0)
-            verdict = s.get("verdict")
-            message = s.get("detail", "") + (f" [{s['reason']}]" if s.get("reason") else "")
-            if verdict in ("FAILED", "REFUSED"):
-                el = ET.SubElement(case, "failure", type=verdict, message=message[:2000])
-                el.text = "\n".join(s.get("lines") or [])
-                counts["failures"] += 1
-            elif verdict == "skipped":
-                ET.SubElement(case, "skipped", message=message[:2000] or "skipped")
-                counts["skipped"] += 1
             else:
-                ET.SubElement(case, "system-out").text = f"{verdict}: {message}"
+                total += float(s.get("seconds") or 0)
+                kind = _step_case(case, s)
+                if kind:
+                    counts[kind] += 1
     for k, v in counts.items():
         suite.set(k, str(v))
     suite.set("errors", "0")
     suite.set("time", f"{total:.3f}")
     ET.indent(suite)
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def _failure(case, kind: str, message: str, lines: list[str]) -> None:
+    ET.SubElement(case, "failure", type=kind, message=message[:2000]).text = "\n".join(lines)
+
+
+def _step_case(case, s: dict) -> str:
+    """One reported step's case; returns the count it adds to beside "tests" ("" when it passed)."""
+    case.set("time", f"{float(s.get('seconds') or 0):.3f}")
+    verdict = s.get("verdict")
+    message = s.get("detail", "") + (f" [{s['reason']}]" if s.get("reason") else "")
+    if verdict in ("FAILED", "REFUSED"):
+        _failure(case, verdict, message, s.get("lines") or [])
+        return "failures"
+    if verdict == "skipped":
+        ET.SubElement(case, "skipped", message=message[:2000] or "skipped")
+        return "skipped"
+    ET.SubElement(case, "system-out").text = f"{verdict}: {message}"
+    return ""
 
 
 def human_size(n: Optional[int]) -> str:
@@ -195,7 +217,7 @@ def summary_md(runs: list[PairRun], wall_s: Optional[float] = None, jobs: Option
     lines = ["| pair | verdict | seconds | size | detail |", "|---|---|---:|---:|---|"]
     for r in runs:
         secs = f"{r.seconds:.1f}" if r.exit_code is not None else "-"
-        detail = r.detail.replace("|", "\\|").replace("\n", " ")
+        detail = (r.detail + (f" ({r.ran_on})" if r.ran_on else "")).replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r.judged.pair.label} | {r.verdict} | {secs} | {human_size(r.size)} | {detail} |")
     ran = [r for r in runs if r.exit_code is not None]
     tail = (f"{len(ran)} pair(s) run, {sum(r.exit_code == 0 for r in ran)} ok, "

@@ -24,15 +24,21 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from envport.builders.base_image import RECIPES
 from envport.core.files import write_atomic
 
 WORKFLOW_PATH = Path(".github/workflows/envs.yml")
 WORKFLOW_SITE = "github"
 CPU_RUNNER = "ubuntu-24.04"
 PYTHON = "3.11"
+# What the workflow's `envport base debian-bookworm` step makes (docker's store, as root): the base of every
+# `local-base` pair, which the podman step copies into the runner user's own store.
+LOCAL_BASE_RECIPE = "debian-bookworm"
 TEMPLATE = "envs.yml.j2"
 # A spec's lock pins a file no source of the site serves (report/lock_sources.py).
 LOCK_SOURCE_REASON = "lock_source"
+# A pair on a site host the runner cannot reach as its own user (issue 38, U3).
+HOST_REASON = "unreachable_host"
 
 
 def gpu_runner(gpus: int) -> list[str]:
@@ -71,25 +77,52 @@ class RefusedPair:
 
 
 def refused(loaded_specs: list, site) -> list[RefusedPair]:
-    """The pairs the workflow must not emit: a spec whose lock pins a file the site's sources cannot
-    serve fails every one of its pairs on the runner (report/lock_sources.py), so none is written."""
+    """The pairs the workflow must not emit: a pair whose lock pins a file its build's pip sources cannot
+    serve (report/lock_sources.py, read from the plan that build renders: a host build gets none of the
+    site's sources) fails on the runner, so it is not written; nor is a pair on a site host the runner
+    cannot reach as its own user (`unreachable_host`)."""
     from envport.plan.lock import current
-    from envport.report.lock_sources import unserved
     from envport.report.matrix import TARGETS, pairs
 
-    if not site.lock:
-        return []
     out = []
     for ld in sorted(loaded_specs, key=lambda ld: ld.spec.name):
-        lock = current(ld)
-        missing = unserved(lock, ld.spec, site) if lock is not None else []
-        if not missing:
-            continue
-        message = "; ".join(m.message(site.name) for m in missing) + (
-            f"; fix: add {', '.join(sorted({m.source for m in missing if m.known}))} to the site's "
-            "pip.extra_index_urls" if any(m.known for m in missing) else "")
-        out += [RefusedPair(p.key, LOCK_SOURCE_REASON, message) for p in pairs([ld.spec.name], site, TARGETS)]
+        lock = current(ld) if site.lock else None
+        for p in pairs([ld.spec.name], site, TARGETS):
+            why = (_lock_refusal(ld, lock, p, site) if lock is not None else None) or _host_refusal(p, site)
+            if why:
+                out.append(why)
     return out
+
+
+def _lock_refusal(ld, lock, pair, site) -> RefusedPair | None:
+    from envport.recipe.identity import resolve
+    from envport.report.lock_sources import takes_site_sources, unserved
+    from envport.targets.registry import row_target
+
+    plan = resolve(ld, site, row_target(pair.target)).plan
+    missing = unserved(lock, plan)
+    if not missing:
+        return None
+    known = sorted({m.source for m in missing if m.known})
+    step = next(s for s in plan.steps if getattr(s, "kind", "") == "pip" and s.index == missing[0].phase)
+    site_sources = takes_site_sources(step, site)
+    where = "the site's pip.extra_index_urls" if site_sources else "the spec phase's own extra_index_urls"
+    fix = f"; fix: add {', '.join(known)} to {where}" if known else ""
+    return RefusedPair(pair.key, LOCK_SOURCE_REASON,
+                       "; ".join(m.message(site.name, site_sources) for m in missing) + fix)
+
+
+def _host_refusal(pair, site) -> RefusedPair | None:
+    """A pair on an SSH site host: a runner has none but the one a job would start itself
+    (.ci/services/sshd.sh, under sudo), whose config is root's alone and whose remote user is root, so
+    `envport up --host` as the runner user gets Permission denied [ssh_unreachable]; not emitted."""
+    if not pair.host:
+        return None
+    return RefusedPair(pair.key, HOST_REASON, f"site host {pair.host} is the sshd the workflow would start with "
+                       "`sudo bash .ci/services/sshd.sh`: its ssh_config (/var/lib/envport-ssh) is root's alone and "
+                       "it logs in as root, whose PATH on ubuntu-24.04 may have no python3.11, so `envport up "
+                       "--host` as the runner user fails [ssh_unreachable]; run SSH pairs against a real site host "
+                       "(a self-hosted runner with its own ssh_config)")
 
 
 def _template():
@@ -108,7 +141,8 @@ def workflow_text(loaded_specs: list, site) -> str:
     dropped = {r.pair for r in skip}
     include = [", ".join(f"{k}: {_flow(v)}" for k, v in row.items())
                for row in rows(loaded_specs, site) if row["pair"] not in dropped]
-    return _template().render(site=site.name, python=PYTHON, rows=include, refused=skip)
+    return _template().render(site=site.name, python=PYTHON, rows=include, refused=skip,
+                              local_base=RECIPES[LOCAL_BASE_RECIPE], local_base_recipe=LOCAL_BASE_RECIPE)
 
 
 def for_project(root: Path, loaded_specs: list, site_name: str = WORKFLOW_SITE) -> str:
