@@ -245,3 +245,45 @@ def test_a_docker_build_with_a_swapped_wheel_fails_before_building(tiny, base_im
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED   wheelhouse [hash_mismatch]" in proc.stdout and victim.file in proc.stdout
     assert victim.sha256 in proc.stdout and hashlib.sha256(impostor.read_bytes()).hexdigest() in proc.stdout
+
+
+def _final(root: Path, name: str = "tiny") -> dict[str, str]:
+    return {n: d.version for n, d in load_for(load_spec(name, root)).final().items()}
+
+
+def test_an_edit_moves_only_what_it_needs_and_upgrades_move_on_request(tmp_path):
+    """Issue 39: re-locking after an edit to the last phase keeps an untouched phase's unpinned dependency at
+    its locked version although a newer one is out (before: every phase re-resolved, so it moved and every
+    later phase's layer rebuilt); --upgrade-package NAME and --upgrade let it move; an edit the locked
+    versions cannot satisfy resolves without them for what it names, and says so."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "sites").mkdir()
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "envport-ua", "1.0", requires=["envport-ub"])  # phase 1's unpinned dependency: ub
+    make_wheel(wheels, "envport-ub", "2.0")
+    make_wheel(wheels, "envport-uc", "3.0")
+    phases = lambda *last: [local_phase(tmp_path, "envport-ua==1.0"), local_phase(tmp_path, *last)]  # noqa: E731
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=phases("envport-uc==3.0"))
+    _lock(tmp_path)
+    assert _final(tmp_path)["envport-ub"] == "2.0"
+    make_wheel(wheels, "envport-ub", "2.1")  # a newer ub is released
+    make_wheel(wheels, "envport-uc", "3.1")
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=phases("envport-uc==3.1"))  # the last phase edited
+    loaded = load_spec("tiny", tmp_path)
+    result = lock_spec(loaded, Site(name="t"), tmp_path, lambda _: None)
+    assert result.verdict is Verdict.OK, (result.detail, result.lines)
+    assert _final(tmp_path) == {"envport-ua": "1.0", "envport-ub": "2.0", "envport-uc": "3.1"}
+    assert [ln for ln in result.lines if "envport-ub" in ln] == [], result.lines  # ub did not move
+    # --upgrade-package lets ub move, and the verdict says it did.
+    result = lock_spec(load_spec("tiny", tmp_path), Site(name="t"), tmp_path, lambda _: None,
+                       upgrade_packages=("envport_UB",))
+    assert _final(tmp_path)["envport-ub"] == "2.1" and any("envport-ub" in ln for ln in result.lines), result.lines
+    # An edit the lock's versions cannot satisfy: resolved without them for what the phase names.
+    write_spec(tmp_path, "tiny", python=PY, pip_phases=[local_phase(tmp_path, "envport-ua==1.0", "envport-ub<2.1"),
+                                                         local_phase(tmp_path, "envport-uc==3.1")])
+    result = lock_spec(load_spec("tiny", tmp_path), Site(name="t"), tmp_path, lambda _: None)
+    assert _final(tmp_path)["envport-ub"] == "2.0"
+    assert any("phase 1: the lock before's versions do not satisfy it" in ln for ln in result.lines), result.lines
+    # The CLI's --upgrade: every phase afresh (ub stays capped by the spec, uc already the newest).
+    proc = run_envport("lock", "tiny", "--upgrade", "--json", root=tmp_path, env=cli_env())
+    assert proc.returncode == 0 and json.loads(proc.stdout)["steps"][0]["data"]["preferred"] == "none (--upgrade)"

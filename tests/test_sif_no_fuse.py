@@ -78,7 +78,7 @@ def _leftovers(work: Path) -> list[str]:
     return sorted(p.name for p in work.iterdir() if p.name.startswith("envport-sif-"))
 
 
-def test_verify_witness_and_sbom_without_fuse_as_another_user(user_venv, shared):  # noqa: F811
+def test_verify_witness_and_sbom_without_fuse_as_another_user(user_venv, shared):
     sif, work = shared
     runs = {
         "verify": ["verify", NAME, "--target", "apptainer", "--sif", str(sif), "--json"],
@@ -100,7 +100,7 @@ def test_verify_witness_and_sbom_without_fuse_as_another_user(user_venv, shared)
     assert "pkg:pypi/six@1.16.0" in {c.get("purl") for c in doc["components"]}
 
 
-def test_the_carried_sbom_is_read_without_mounting_anything(user_venv, shared):  # noqa: F811
+def test_the_carried_sbom_is_read_without_mounting_anything(user_venv, shared):
     """`sbom FILE.sif` as that user without FUSE: the object, no extraction, no mount; equal to the content."""
     sif, work = shared
     carried = as_nobody_without_fuse(user_venv, work, "sbom", str(sif), "-o", str(work / "carried.json"))

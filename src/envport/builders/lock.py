@@ -19,6 +19,14 @@ the spec's python on this machine, for each phase in order:
 
 At the end the scratch env's `pip freeze` must equal what the lock promises.
 
+A lock that moves only what changed: where a lock is already there (for this python and platform), each
+phase resolves preferring the versions that phase had in it (`-c` constraints, as pip-compile and uv keep
+existing pins), so an edit to the last phase does not move an untouched phase's unpinned dependency
+(measured before: editing demo-cpu's last phase moved filelock in phase 1, and every later phase's layer
+with it). Where the preferred versions cannot satisfy the phase as edited, it resolves without them for the
+distributions it names itself, then without any, and says so. `--upgrade` prefers nothing;
+`--upgrade-package NAME` leaves NAME out of the preference.
+
 A resolver must never pick a CUDA torch here: it is a multi-GB download (the
 host holds a CPU torch wheel on disk for the pinned version).  A phase whose
 dry run would fetch torch, triton or an nvidia-* wheel from the network is
@@ -158,9 +166,13 @@ def normalize_freeze(lines: list[str]) -> list[str]:
     return sorted(out)
 
 
-def lock_spec(loaded, site, root: Path, progress: Progress) -> StepResult:
-    """Resolve, hash and replay every phase; write specs/<name>.lock when the replay matches."""
+def lock_spec(loaded, site, root: Path, progress: Progress, *, upgrade: bool = False,
+              upgrade_packages: tuple[str, ...] = ()) -> StepResult:
+    """Resolve, hash and replay every phase; write specs/<name>.lock when the replay matches. The lock there
+    before is preferred phase by phase (module docstring) unless UPGRADE; UPGRADE_PACKAGES are never held."""
     spec = loaded.spec
+    before = _previous(lock_path(loaded))
+    prefer = preferences(before, spec.python, upgrade, upgrade_packages)
     step = f"lock {spec.name}"
     start = time.monotonic()
     python = find_python(spec.python)
@@ -178,8 +190,9 @@ def lock_spec(loaded, site, root: Path, progress: Progress) -> StepResult:
         if not made.ok:
             return StepResult(step, Verdict.FAILED, f"{python} -m venv failed", lines=tail(made.stderr or made.why))
         vpy = venv / "bin" / "python"
+        held: list[str] = []
         for s in steps:
-            result = _lock_phase(s, len(steps), vpy, work, site_args, progress)
+            result = _lock_phase(s, len(steps), vpy, work, site_args, progress, prefer.get(s.index, {}), held)
             if isinstance(result, StepResult):
                 result.step, result.seconds = step, time.monotonic() - start
                 return result
@@ -199,7 +212,6 @@ def lock_spec(loaded, site, root: Path, progress: Progress) -> StepResult:
     except ValueError:
         rel = loaded.path.name
     text = write_text(lock, rel)
-    before = _previous(path)
     changed = not path.is_file() or path.read_text(encoding="utf-8") != text
     if changed:
         write_atomic(path, text)
@@ -207,8 +219,10 @@ def lock_spec(loaded, site, root: Path, progress: Progress) -> StepResult:
     moved = changes(before, lock, spec) if before is not None else []
     said = f"; {len(moved)} change(s) from the lock before" if moved else ""
     return StepResult(step, Verdict.OK, f"{path.name}: {n} distributions in {len(phases)} phase(s)"
-                      f"{'' if changed else ' (unchanged)'}{said}", lines=moved, seconds=time.monotonic() - start,
-                      data={"lock": str(path), "distributions": n, "changed": changed, "changes": moved})
+                      f"{'' if changed else ' (unchanged)'}{said}", lines=moved + held,
+                      seconds=time.monotonic() - start,
+                      data={"lock": str(path), "distributions": n, "changed": changed, "changes": moved,
+                            "preferred": "none (--upgrade)" if upgrade else "the lock before" if prefer else "none"})
 
 
 def _previous(path: Path) -> Lock | None:
@@ -231,13 +245,56 @@ def changes(before: Lock, after: Lock, spec) -> list[str]:
     return out + dist_lines(*({n: (d.version, d.sha256) for n, d in lock.final().items()} for lock in (before, after)))
 
 
-def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[str],
-                progress: Progress) -> LockedPhase | StepResult:
-    progress(f"envport: [lock] phase {s.index}/{total}: resolving {' '.join(s.packages)}")
+def preferences(before: Lock | None, python: str, upgrade: bool,
+                upgrade_packages: tuple[str, ...]) -> dict[int, dict[str, str]]:
+    """{phase index: {name: version}} the lock BEFORE had in each phase, to prefer when resolving again; none
+    with UPGRADE, for another python or platform (its versions may not exist here), or for a direct
+    reference (its URL is the spec's); UPGRADE_PACKAGES left out."""
+    if before is None or upgrade or before.python != python or before.platform != this_platform():
+        return {}
+    free = {canonical_name(n) for n in upgrade_packages}
+    return {p.index: {d.name: d.version for d in p.dists if not d.url and d.name not in free}
+            for p in before.phases}
+
+
+def _named(packages: tuple[str, ...]) -> set[str]:
+    """The distributions a phase's requirements name themselves (an edit there governs their version)."""
+    out = set()
+    for req in packages:
+        try:
+            out.add(canonical_name(Requirement(req).name))
+        except InvalidRequirement:
+            continue
+    return out
+
+
+def _resolve(s: PipStep, vpy: Path, work: Path, site_args: list[str], prefer: dict[str, str],
+             held: list[str]) -> tuple[Ran, Path]:
+    """The phase's dry run, preferring PREFER's versions (`-c`): all of them, then all but those the phase
+    names itself, then none; a fallback is said in HELD."""
     report_path = work / f"report-{s.index}.json"
-    flags = s.flag_args()
-    proc = _pip(vpy, "install", "--dry-run", "--quiet", "--report", str(report_path),
-                *_locked_args(s, site_args), *flags, *s.packages)
+    named = _named(s.packages)
+    tries = [prefer, {n: v for n, v in prefer.items() if n not in named}, {}] if prefer else [{}]
+    proc = None
+    for n, pins in enumerate(dict.fromkeys(tuple(sorted(t.items())) for t in tries)):
+        constraints = work / f"prefer-{s.index}-{n}.txt"
+        constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins))
+        proc = _pip(vpy, "install", "--dry-run", "--quiet", "--report", str(report_path),
+                    *_locked_args(s, site_args), *s.flag_args(), *(["-c", str(constraints)] if pins else []),
+                    *s.packages)
+        if proc.returncode == 0 and report_path.is_file():
+            if prefer and len(pins) < len(prefer):
+                held.append(f"phase {s.index}: the lock before's versions do not satisfy it as edited; resolved "
+                            + ("without them for what it names" if pins else "afresh"))
+            break
+    return proc, report_path
+
+
+def _lock_phase(s: PipStep, total: int, vpy: Path, work: Path, site_args: list[str],
+                progress: Progress, prefer: dict[str, str], held: list[str]) -> LockedPhase | StepResult:
+    kept = f" (preferring the lock before's {len(prefer)} version(s))" if prefer else ""
+    progress(f"envport: [lock] phase {s.index}/{total}: resolving {' '.join(s.packages)}{kept}")
+    proc, report_path = _resolve(s, vpy, work, site_args, prefer, held)
     if proc.returncode != 0 or not report_path.is_file():
         return StepResult("", Verdict.FAILED, f"phase {s.index} does not resolve: {' '.join(s.packages)}",
                           lines=tail(proc.text))
