@@ -29,7 +29,8 @@ def register(sub) -> None:
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--target", choices=BUILD_TARGETS, default="venv",
                    help="what to build (default: venv, which needs no daemon)")
-    p.add_argument("--site", default=None, help="site profile from sites/ (default: local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE",
+                   help="site profile: sites/NAME.yaml, or a FILE ending .yaml/.yml (default: local)")
     p.add_argument("--host", default=None, help="venv/conda: build on this SSH host (site alias or destination)")
     p.add_argument("--rebuild", action="store_true", help="build even when present (venv/conda: from nothing)")
     p.add_argument("--check", action="store_true",

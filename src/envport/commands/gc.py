@@ -31,7 +31,7 @@ def register(sub) -> None:
                    help="also keep the N most recently used old hashes of each env and target (default 1: the "
                    "build before the current one; 0: only the current one)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed and its size; remove nothing")
-    p.add_argument("--site", default=None, help="site profile: the current hash, sif_dir, ledger (default: local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile: the current hash, sif_dir, ledger (default: local)")
     p.add_argument("--hold", metavar="HASH", default=None,
                    help="record in NAME's ledger that builds of HASH (12+ hex digits) are in use: gc keeps them "
                    "until --release; removes nothing")

@@ -27,18 +27,20 @@ def register(sub) -> None:
                        "matches, 1 not a usable SIF (truncated, corrupt, trailing_bytes, bytes_used_mismatch, "
                        "corrupt_object, not a SIF: the reason token says which), 3 stale, content_mismatch, "
                        "labels_disagree, risks, foreign architecture or not built by envport; with keys (--key, the site's "
-                       "trust.keys) every signature is listed and checked as `envport verify-sig` does: 3 "
-                       "bad_signature (names what changed), untrusted_signer or unsigned. Without keys the "
-                       "signatures are listed, not checked.")
+                       "trust.keys) every signature is listed and checked as `envport verify-sig` does, the "
+                       "judgement `envport pull` makes too: 3 bad_signature (names what changed), "
+                       "untrusted_signer or unsigned. Without keys the signatures are listed, not checked. 2: "
+                       "bad arguments, an invalid site profile or a key file that is not a key.")
     p.add_argument("sif", metavar="FILE.sif")
     p.add_argument("--spec", default=None, metavar="NAME|PATH",
                    help="compare with this spec (default: the SIF's envport.name label)")
-    p.add_argument("--site", default=None,
-                   help="site profile whose hash to compare (default: the site the SIF says it was built for, "
-                   "when sites/ has it, else local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE",
+                   help="site profile: NAME (the project's sites/NAME.yaml) or FILE (a path ending .yaml or .yml; "
+                   "no project needed): its trust.keys, and the hash to compare (default: the site the SIF says it "
+                   "was built for, when sites/ has it, else local)")
     p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
                    help="PEM public key to check the signatures against (beside the site's trust.keys); "
-                   "repeatable")
+                   "repeatable. A private key is used by its public half, with a warning")
     p.add_argument("--json", action="store_true", help="print everything as JSON (the envelope of docs/cli.md)")
     p.set_defaults(func=run)
 
@@ -76,29 +78,18 @@ def run(args) -> int:
 
 
 def _signatures(args, source):
-    """(StepResult, SignatureReport): the signatures checked against --key and the site's trust.keys
-    (verify_sig.verify_step); without keys, listed and the step skipped: nothing is claimed."""
+    """(StepResult, SignatureReport): the signatures judged against --key and the site's trust.keys by
+    sif/gate.py `judge_trust`, the judgement `envport pull` makes of the same file with the same keys."""
     from envport.commands._common import project_root
     from envport.core.errors import EnvportError
-    from envport.core.verdict import StepResult, Verdict
     from envport.plan.site import load_site
-    from envport.sif.keys import KeyFileError, load_public_key
+    from envport.sif.gate import load_trust_keys
 
     try:
         root = project_root(args)
     except EnvportError:
         root = Path.cwd()  # an admin inspecting outside any project: the local site's defaults
-    files = list(dict.fromkeys([*args.key, *load_site(args.site, root).trust_keys()]))
-    try:
-        keys = [load_public_key(f) for f in files]
-    except KeyFileError as exc:
-        raise EnvportError(str(exc)) from None
-    result, checked = verify_step(source, keys, [])
-    if keys or result.verdict is not Verdict.REFUSED:
-        return result, checked
-    listed = len(checked.signatures) if checked else 0
-    return StepResult(result.step, Verdict.SKIPPED, f"{listed} signature(s) listed, not checked: no key given "
-                      "(--key PUB.pem or the site's trust.keys)"), checked
+    return verify_step(source, load_trust_keys(args.key, load_site(args.site, root).trust_keys()), [])
 
 
 def _compare(args, report):

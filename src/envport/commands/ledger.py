@@ -17,7 +17,7 @@ def register(sub) -> None:
                        "regenerates docs/envs/NAME.md from them (in a project): the only command that writes that "
                        "file.")
     p.add_argument("name", metavar="NAME", help="the env's name")
-    p.add_argument("--site", default=None, help="site profile whose ledger_dir to read (default: local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile whose ledger_dir to read (default: local)")
     p.add_argument("--write-docs", action="store_true", help="regenerate docs/envs/NAME.md from the records")
     add_json_arg(p, "the records")
     p.set_defaults(func=run)

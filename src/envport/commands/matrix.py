@@ -47,7 +47,7 @@ def register(sub) -> None:
                    help="only these specs (repeat or comma-separate; default: every spec in specs/)")
     p.add_argument("--target", action="append", default=[], metavar="T",
                    help=f"only these targets (repeat or comma-separate): {', '.join(TARGET_CHOICES)} (default: all)")
-    p.add_argument("--site", default=None, help="site profile (default: local; --format github always uses "
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local; --format github always uses "
                    "sites/github.yaml)")
     p.add_argument("--run", action="store_true", help="run `envport up` for every runnable pair")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="--run: pairs at once (default 1); with "

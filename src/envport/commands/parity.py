@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--host", action="append", default=None, metavar="H",
                    help="SSH host for the `ssh` target (site alias or destination; repeatable; "
                    "default: every host of the site profile)")
-    p.add_argument("--site", default=None, help="site profile (default: local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local)")
     p.add_argument("--envs-dir", default=None, help="venv here: ENVPORT_ENVS_DIR (default: $ENVPORT_ENVS_DIR "
                    "or ~/.envport/envs)")
     p.add_argument("--ssh-envs-dir", default=None,

@@ -12,28 +12,33 @@ def register(sub) -> None:
                        "an OCI image manifest with exactly one layer of media type "
                        "application/vnd.sylabs.sif.layer.v1.sif) into DIR/<REPO's last part>_<TAG>.sif, the name "
                        "`apptainer pull` gives it (never the name the registry's title annotation says). A file "
-                       "already there is replaced only with --force. A layer larger than DIR's free space is "
+                       "already there that is this layer (its sha256 computed and equal to the manifest's) is "
+                       "`present`: nothing is downloaded, and it is checked as a download is; any other file "
+                       "there is replaced only with --force. A layer larger than DIR's free space is "
                        "refused before it is downloaded. The bytes go to a hidden partial file first; only when "
                        "their size and sha256 are the manifest's and the SIF header reads is it renamed into "
                        "place, so an interrupted (Ctrl-C, SIGTERM: exit 130), stalled or refused pull leaves "
                        "nothing under the final name. A registry that sends less than 64 KiB in "
                        "ENVPORT_REGISTRY_IDLE_S seconds (default 60) is refused registry_unreachable. TLS: the "
                        "site profile's registry_ca, else the system's CAs. Credentials: ENVPORT_REGISTRY_USER and "
-                       "ENVPORT_REGISTRY_PASSWORD, else the docker config file. Exit 0 pulled, 3 refused "
-                       "(registry_unreachable, not_found, denied, tls_failed, not_a_sif_artifact, output_exists, "
-                       "disk_low; unsigned, untrusted_signer under the site's trust.require_signed; bad_signature "
-                       "whenever a key is given), 1 failed (digest_mismatch, not_a_sif), 2 usage, 130 "
-                       "interrupted. Signatures are checked against --key and the site's trust.keys before the "
-                       "rename (docs/apptainer.md).")
+                       "ENVPORT_REGISTRY_PASSWORD, else the docker config file. Signatures are judged against "
+                       "--key and the site's trust.keys before the rename, as `envport inspect` judges them: given "
+                       "keys, a SIF is kept only when they verify it (docs/apptainer.md). Exit 0 pulled or "
+                       "present, 3 refused (registry_unreachable, not_found, denied, tls_failed, "
+                       "not_a_sif_artifact, output_exists, disk_low; bad_signature, untrusted_signer, unsigned "
+                       "whenever a key is given), 1 failed (digest_mismatch, not_a_sif), 2 usage or an invalid "
+                       "site profile or key file (before the registry is asked), 130 interrupted.")
     p.add_argument("ref", metavar="oras://HOST/REPO:TAG")
     p.add_argument("-o", "--output", default=".", metavar="DIR", help="folder to write the SIF into (default: .); "
                    "the file is DIR/<REPO's last part>_<TAG>.sif")
     p.add_argument("--force", action="store_true", help="replace a file already at DIR/<REPO's last part>_<TAG>.sif "
                    "(without it: REFUSED [output_exists], before the registry is asked)")
-    p.add_argument("--site", default=None, help="site profile (default: local): its registry_ca and trust")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile: NAME (the project's "
+                   "sites/NAME.yaml) or FILE (a path ending .yaml or .yml; no project needed); default: local. "
+                   "Its registry_ca and trust")
     p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
                    help="PEM public key to check the SIF's signatures against (beside the site's trust.keys); "
-                   "repeatable")
+                   "repeatable. A private key is used by its public half, with a warning")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=run)
 
@@ -43,38 +48,49 @@ BROKEN = ("digest_mismatch", "not_a_sif")
 
 
 def trust_checks(site, key_files: list[str]):
-    """The check of the complete, digest-checked partial file before it is renamed into place: its signatures
-    against --key and the site's trust.keys (sif/gate.py `judge`). A bad signature is always refused; with
-    the site's trust.require_signed so are [unsigned] and [untrusted_signer]. Raises RegistryError, and the
-    file is removed: nothing appears under the final name. Returns the check and a list it fills with what
-    was found, for the verdict line."""
-    from envport.engines.registry import RegistryError
-    from envport.plan.site import active_trust
-    from envport.sif.gate import judge
+    """The check of the complete, digest-checked partial file before it is renamed into place (and of a file
+    already there, before it is called present): its signatures judged against --key and the site's trust.keys
+    by sif/gate.py `judge_trust`, the judgement `envport inspect` makes of the same file with the same keys.
+    Given keys, anything but verified is refused (bad_signature, untrusted_signer, unsigned: exit 3). The keys
+    are loaded here, before the registry is asked: a key file that is not a key is exit 2 before the first
+    byte. The check raises RegistryError, and a downloaded file is removed: nothing appears under the final
+    name. Returns the check and a list it fills with what was found, for the verdict line."""
+    from envport.sif.gate import load_trust_keys
 
-    keys = list(dict.fromkeys([str(Path(k).resolve()) for k in key_files] + list(site.trust_keys())))
-    required = active_trust().require_signed
+    keys = load_trust_keys(key_files, site.trust_keys())
     found: list[str] = []
 
-    def check(partial: Path) -> None:
-        from envport.sif.format import SifError, read_sif
-
-        try:
-            read_sif(partial)
-        except SifError as exc:
-            raise RegistryError("not_a_sif", f"the layer is not a usable SIF ({exc.message})") from None
-        if not keys:
-            found.append("signatures not checked (no --key, no trust.keys)")
-            return
-        verdict, detail = judge(partial, keys)
-        if verdict == "verified":
-            found.append("signatures verified against " + ", ".join(Path(k).name for k in keys))
-        elif required or verdict not in ("unsigned", "untrusted_signer"):
-            raise RegistryError(verdict, f"the pulled SIF was refused and removed: {detail}" + (
-                " (the site's trust.require_signed)" if required else ""))
-        else:
-            found.append(f"signatures: {verdict} ({detail}); allowed: the site does not set trust.require_signed")
+    def check(path: Path) -> None:
+        _readable_sif(path)
+        found.clear()
+        found.append(_judged(path, keys))
     return check, found
+
+
+def _readable_sif(path: Path) -> None:
+    from envport.engines.registry import RegistryError
+    from envport.sif.format import SifError, read_sif
+
+    try:
+        read_sif(path)
+    except SifError as exc:
+        raise RegistryError("not_a_sif", f"the layer is not a usable SIF ({exc.message})") from None
+
+
+def _judged(path: Path, keys: list) -> str:
+    """What the signatures of PATH are, for the verdict line; RegistryError when they refuse it."""
+    from envport.core.verdict import Verdict
+    from envport.engines.registry import RegistryError
+    from envport.sif.gate import judge_trust
+
+    if not keys:
+        return "signatures not checked (no --key, no trust.keys)"
+    result, _ = judge_trust(path, keys)
+    if result.verdict is Verdict.OK:
+        return "signatures verified against " + ", ".join(Path(k.path).name for k in keys)
+    reason = result.reason if result.verdict is Verdict.REFUSED else "not_a_sif"
+    raise RegistryError(reason, f"the SIF was refused: {result.detail}" + "".join(
+        f"; {line}" for line in result.lines))
 
 
 def run(args) -> int:
@@ -117,6 +133,17 @@ def run(args) -> int:
         final = Path(args.output) / registry.file_name(ref)
         print(f"{step}: stopped; nothing was written to {final} and no partial file is left", file=sys.stderr)
         raise
-    result = StepResult(step, Verdict.OK, f"{out['path']} ({out['size']} bytes, {out['digest']}; checked: layer "
-                        f"digest and SIF header; {'; '.join(found)})", seconds=time.monotonic() - start, data=out)
-    return report([result], args.json, command="pull")
+    return report([_pulled(step, out, found, time.monotonic() - start)], args.json, command="pull")
+
+
+def _pulled(step: str, out: dict, found: list[str], seconds: float):
+    """The verdict of a pull that kept its file: OK (downloaded), or present (the file there already is the
+    layer: its sha256 was computed and compared with the manifest's, nothing was downloaded)."""
+    from envport.core.verdict import StepResult, Verdict
+
+    if out["present"]:
+        return StepResult(step, Verdict.PRESENT, f"{out['path']} is already this layer ({out['size']} bytes, its "
+                          f"sha256 computed and equal to the manifest's {out['digest']}): nothing was downloaded; "
+                          f"checked: SIF header; {'; '.join(found)}", seconds=seconds, data=out)
+    return StepResult(step, Verdict.OK, f"{out['path']} ({out['size']} bytes, {out['digest']}; checked: layer "
+                      f"digest and SIF header; {'; '.join(found)})", seconds=seconds, data=out)

@@ -34,7 +34,9 @@ def register(sub) -> None:
                    "pushed (a --sif FILE's: of its own envport.hash label, when it has one)")
     p.add_argument("--sif", default=None, metavar="FILE", help="a SIF target: push this SIF instead of the built one, "
                    "under the hash12 of its own envport.hash label (never the spec's)")
-    p.add_argument("--site", default=None, help="site profile (default: local): the env's hash and registry_ca")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile: NAME (the project's "
+                   "sites/NAME.yaml) or FILE (a path ending .yaml or .yml); default: local. The env's hash and "
+                   "registry_ca")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=run)
 

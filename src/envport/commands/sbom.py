@@ -25,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("env", metavar="NAME|FILE.sif", help="a spec name (with --target), or a SIF file")
     p.add_argument("--target", choices=NAMES, default="docker",
                    help=f"which built env of NAME (default: docker; with an SBOM: {', '.join(names('sbom'))})")
-    p.add_argument("--site", default=None, help="site profile (default: local); it names the env's hash, and "
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local); it names the env's hash, and "
                    "for FILE.sif its trust: trust.require_signed gates the file, trust.keys say who signed its SBOM")
     p.add_argument("--format", choices=("cyclonedx", "spdx"), default="cyclonedx",
                    help="cyclonedx (CycloneDX 1.6 JSON, default) or spdx (SPDX 2.3 JSON, via spdx-tools)")

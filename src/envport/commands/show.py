@@ -13,7 +13,7 @@ def register(sub) -> None:
                        "on the site (which names every built artefact), the portable identity of images/ "
                        "(labelled as such) and the inputs that fed the hash.")
     p.add_argument("spec", metavar="NAME|PATH")
-    p.add_argument("--site", default=None,
+    p.add_argument("--site", default=None, metavar="NAME|FILE",
                    help="the site profile whose build hash is shown beside the portable one (default: local)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=run)

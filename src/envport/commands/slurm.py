@@ -47,7 +47,7 @@ def register(sub) -> None:
                    help="apptainer: the SIF, on a path the nodes see (default <sif_dir>/NAME-<hash12>.sif for --site)")
     s.add_argument("--prefix", default=None, help="venv: the env's folder on the nodes "
                    "(default: the profile's envs_dir, else $ENVPORT_ENVS_DIR, else ~/.envport/envs, + /NAME)")
-    s.add_argument("--site", default=None, help="site profile, for the docker image's hash (default: local)")
+    s.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile, for the docker image's hash (default: local)")
     s.add_argument("--deadline", type=float, default=300.0, help="seconds per witness script inside the job")
     s.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
     s.add_argument("--no-ledger", action="store_true", help="do not append this run to the ledger")
@@ -63,7 +63,7 @@ def register(sub) -> None:
     b.add_argument("name", metavar="NAME|PATH")
     b.add_argument("--cluster", required=True, help="cluster profile: slurm/clusters/<name>.yaml or a path")
     b.add_argument("--target", choices=("apptainer",), default="apptainer")
-    b.add_argument("--site", default=None, help="site profile: the plan, hash and sif_dir (default: local)")
+    b.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile: the plan, hash and sif_dir (default: local)")
     b.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
     b.set_defaults(func=run_build)
 

@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--target", choices=TARGETS, required=True)
     p.add_argument("--host", default=None, help=f"{'/'.join(hosted())}: the env on this SSH host (site alias or destination)")
-    p.add_argument("--site", default=None, help="site profile (default: local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local)")
     p.add_argument("--root", dest="weights_root", default=None, metavar="DIR",
                    help="weights root (default: $ENVPORT_WEIGHTS_DIR, else ~/.envport/weights)")
     p.add_argument("--min-free-gb", type=float, default=None, metavar="GB",

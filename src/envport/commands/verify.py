@@ -23,7 +23,7 @@ def register(sub) -> None:
                        "and a ledger record. Exit 1 when any check fails, 3 when refused.")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--target", choices=VERIFY_TARGETS, default="docker", help="what to verify (default: docker)")
-    p.add_argument("--site", default=None, help="site profile (default: local); it names the image's hash")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local); it names the image's hash")
     p.add_argument("--image", default=None,
                    help="verify this image instead of envport/<name>:<hash12> (its envport.hash label may then "
                    "differ: that check is skipped and says so)")

@@ -17,7 +17,8 @@ def register(sub) -> None:
         "[unsigned].")
     p.add_argument("sif", metavar="FILE.sif")
     p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
-                   help="PEM public key (PUBLIC KEY or RSA PUBLIC KEY) to trust; repeatable")
+                   help="PEM public key (PUBLIC KEY or RSA PUBLIC KEY) to trust; repeatable. A private key "
+                   "is used by its public half, with a warning")
     p.add_argument("--pgp-keyring", action="append", default=[], metavar="FILE",
                    help="PGP public key file (gpg --export [--armor]) to trust for PGP signatures; repeatable")
     p.add_argument("--json", action="store_true", help="print the result as JSON (docs/cli.md)")
@@ -29,15 +30,12 @@ def run(args) -> int:
 
     from envport.core.errors import EnvportError
     from envport.core.verdict import envelope, exit_code, print_json, report
-    from envport.sif.keys import KeyFileError, load_public_key
+    from envport.sif.gate import load_trust_keys
 
     if not args.key and not args.pgp_keyring:
         raise EnvportError("envport verify-sig: give the public key(s) to trust: --key PUB.pem or "
                            "--pgp-keyring FILE (envport inspect lists signatures without checking them)")
-    try:
-        keys = [load_public_key(f) for f in args.key]
-    except KeyFileError as exc:
-        raise EnvportError(str(exc)) from None
+    keys = load_trust_keys(args.key)
     result, checked = verify_step(Path(args.sif), keys, args.pgp_keyring)
     if args.json:
         code = exit_code([result])
@@ -60,22 +58,8 @@ def signature_lines(checked) -> list[str]:
 
 
 def verify_step(source, keys: list, keyrings: list[str]):
-    """(StepResult, SignatureReport or None): OK when every group is signed and every signature verifies.
-    SOURCE: a path, or the SifInfo another check of this run read (inspect: one open file for both)."""
-    from envport.core.verdict import StepResult, Verdict
-    from envport.sif.format import SifError
-    from envport.sif.pgp import PgpError
-    from envport.sif.verify import check_signatures
+    """(StepResult, SignatureReport or None): sif/gate.py `judge_trust`, the one judgement pull and inspect
+    make too. SOURCE: a path, or the SifInfo another check of this run read (inspect: one open file for both)."""
+    from envport.sif.gate import judge_trust
 
-    step = f"signatures {Path(getattr(source, 'path', source)).name}"
-    try:
-        checked = check_signatures(source, keys, keyrings)
-    except SifError as exc:
-        return StepResult(step, Verdict.FAILED, exc.message, reason=exc.reason), None
-    except PgpError as exc:
-        return StepResult(step, Verdict.REFUSED, exc.message, reason=exc.reason), None
-    if checked.ok:
-        by = sorted({s.by for s in checked.signatures if s.by})
-        return StepResult(step, Verdict.OK, f"groups {', '.join(map(str, checked.groups))} signed, verified by "
-                          + "; ".join(by)), checked
-    return StepResult(step, Verdict.REFUSED, "; ".join(checked.problems), reason=checked.verdict), checked
+    return judge_trust(source, keys, keyrings)

@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--root", dest="weights_root", default=None, metavar="DIR",
                    help="weights root (default: $ENVPORT_WEIGHTS_DIR, else ~/.envport/weights)")
     p.add_argument("--host", default=None, help="stage: the SSH host (site alias or destination)")
-    p.add_argument("--site", default=None, help="site profile naming SSH hosts (default: local); with --sif its "
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile naming SSH hosts (default: local); with --sif its "
                    "trust gates the file")
     p.add_argument("--sif", default=None, metavar="FILE",
                    help="the spec this SIF embeds instead of specs/NAME.yaml (no project needed)")

@@ -15,7 +15,7 @@ def register(sub) -> None:
                        "sha256 is checked against the lock: a file that differs is FAILED [hash_mismatch], "
                        "named with both digests, before any build uses it.")
     p.add_argument("spec", metavar="NAME|PATH")
-    p.add_argument("--site", default=None, help="site profile (default: local)")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local)")
     p.add_argument("--refresh", action="store_true", help="download again even when present")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

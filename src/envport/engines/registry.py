@@ -211,7 +211,7 @@ class Client:
             raise RegistryError("registry_unreachable", f"{what} {ref}: registry {ref.host} dropped the "
                                 f"connection ({_short(exc)}); nothing was written") from None
         except requests.exceptions.SSLError as exc:
-            raise RegistryError("tls_failed", f"{what} {ref}: TLS to {ref.host} failed ({_short(exc)}); set the "
+            raise RegistryError("tls_failed", f"{what} {ref}: TLS to {ref.host} failed ({_tls_reason(exc)}); set the "
                                 "site profile's registry_ca to the CA that signed the registry's certificate"
                                 ) from None
         except requests.exceptions.ConnectionError as exc:
@@ -350,8 +350,34 @@ def _deadlines() -> Iterator[Callable]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _short(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:300]
+def _short(exc: Exception, limit: int = 300) -> str:
+    """EXC's words on one line, at most about LIMIT characters: cut after a whole word, with ` …` saying so (a
+    reason cut mid-word reads as a different reason)."""
+    text = " ".join(str(exc).split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def _tls_reason(exc: BaseException) -> str:
+    """What OpenSSL said about a TLS failure, whole ("certificate verify failed: unable to get local issuer
+    certificate"), found in the chain requests and urllib3 wrap it in (their text puts the URL first, and a long
+    URL pushed the reason past any cut); the wrapper's own words when no ssl error is inside."""
+    import ssl
+
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return f"certificate verify failed: {e.verify_message}"
+        if isinstance(e, ssl.SSLError):
+            return e.reason or str(e)
+        todo += [x for x in (*getattr(e, "args", ()), getattr(e, "reason", None), e.__cause__, e.__context__)
+                 if isinstance(x, BaseException)]
+    return _short(exc, 2000)
 
 
 # --- push ---------------------------------------------------------------------------------
@@ -379,30 +405,65 @@ def file_layer(path: Path) -> Layer:
 def push_sif(sif: "Layer | Path", ref: Ref, tags: list[str], *, ca: Optional[str] = None, insecure: bool = False,
              progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
     """Push SIF (a Layer, or a file's path) under every tag of TAGS to REF's repository; {digest, size, tags,
-    manifest_digest}. PROGRESS(sent, total) while the layer is sent."""
+    manifest_digest, present, layer_sent, tags_sent}. PROGRESS(sent, total) while the layer is sent.
+
+    What the registry already holds is asked, never assumed (issue 37 U21): a tag whose manifest names this
+    very layer (its sha256) is not written again, and a blob the registry has (HEAD) is not sent again.
+    `present`: every tag was there and the registry has the blob: nothing was sent at all. A missing tag gets
+    the manifest the other tags already have, so every tag names one manifest."""
     source = sif if isinstance(sif, Layer) else file_layer(sif)
     reachable(ref.host)
     client = Client(ref.host, ca, insecure)
     first = ref.with_tag(tags[0])
-    size = source.size
-    layer = {"mediaType": SIF_LAYER_MEDIA_TYPE, "size": size, "digest": f"sha256:{source.sha256}",
+    layer = {"mediaType": SIF_LAYER_MEDIA_TYPE, "size": source.size, "digest": f"sha256:{source.sha256}",
              "annotations": {TITLE: source.name}}
-    config = {"mediaType": SIF_CONFIG_MEDIA_TYPE, "size": len(SIF_CONFIG),
-              "digest": f"sha256:{hashlib.sha256(SIF_CONFIG).hexdigest()}"}
-    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config, "layers": [layer],
-                "annotations": {CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    there = {tag: _manifest_naming(client, first.with_tag(tag), layer["digest"]) for tag in tags}
+    existing = next((m for m in there.values() if m is not None), None)
     container = client.container(first)
     with client.errors(first, "pushing"):
-        client.put_blob(container, config, lambda: io.BytesIO(SIF_CONFIG))
-        client.put_blob(container, layer, source.open, progress)
-        response = client.registry.upload_manifest(manifest, container)
-        response.raise_for_status()
-    for tag in tags[1:]:
+        has_blob = client.registry.blob_exists(layer, container)
+    if existing is not None and has_blob and all(m is not None for m in there.values()):
+        return {"digest": layer["digest"], "size": source.size, "tags": list(tags), "manifest_digest": "",
+                "present": True, "layer_sent": False, "tags_sent": []}
+    manifest = existing or _sif_manifest(layer)
+    with client.errors(first, "pushing"):
+        client.put_blob(container, manifest["config"], lambda: io.BytesIO(SIF_CONFIG))
+        if not has_blob:
+            client.put_blob(container, layer, source.open, progress)
+    missing = [tag for tag in tags if there[tag] is None]
+    digest = ""
+    for tag in missing:
         other = first.with_tag(tag)
-        with client.errors(other, "tagging"):
-            client.registry.upload_manifest(manifest, client.container(other)).raise_for_status()
-    return {"digest": layer["digest"], "size": size, "tags": list(tags),
-            "manifest_digest": response.headers.get("Docker-Content-Digest", "")}
+        with client.errors(other, "pushing" if tag == tags[0] else "tagging"):
+            response = client.registry.upload_manifest(manifest, client.container(other))
+            response.raise_for_status()
+        digest = digest or response.headers.get("Docker-Content-Digest", "")
+    return {"digest": layer["digest"], "size": source.size, "tags": list(tags), "manifest_digest": digest,
+            "present": False, "layer_sent": not has_blob, "tags_sent": missing}
+
+
+def _sif_manifest(layer: dict) -> dict:
+    """The manifest `apptainer push` writes for LAYER: config `{}` of the SIF config type, one SIF layer."""
+    return {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": _sif_config(), "layers": [layer],
+            "annotations": {CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+
+
+def _sif_config() -> dict:
+    return {"mediaType": SIF_CONFIG_MEDIA_TYPE, "size": len(SIF_CONFIG),
+            "digest": f"sha256:{hashlib.sha256(SIF_CONFIG).hexdigest()}"}
+
+
+def _manifest_naming(client: Client, ref: Ref, digest: str) -> Optional[dict]:
+    """REF's manifest when the registry has one whose one SIF layer is DIGEST (and its config is apptainer's);
+    None when the tag is not there or names something else (then it is written, as before)."""
+    try:
+        manifest = client.manifest(ref)
+        layer = check_manifest(manifest, ref)
+    except RegistryError as exc:
+        if exc.reason in ("not_found", "not_a_sif_artifact"):
+            return None
+        raise
+    return manifest if layer["digest"] == digest and manifest.get("config") == _sif_config() else None
 
 
 class _Body:
@@ -505,10 +566,6 @@ def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: boo
     above this one). IDLE: the stall timeout (`Client.fetch`)."""
     out_dir = Path(out_dir)
     final = out_dir / file_name(ref)
-    exists = RegistryError("output_exists", f"{final} exists: envport pull never replaces a file unasked; "
-                           "pass --force to replace it, or pull into another folder (-o DIR)")
-    if not force and os.path.lexists(final):
-        raise exists
     if final.is_dir() and not final.is_symlink():
         raise RegistryError("output_exists", f"{final} is a folder: --force replaces a file or a link, never a "
                             "folder; pull into another folder (-o DIR)")
@@ -516,6 +573,14 @@ def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: boo
     client = Client(ref.host, ca, insecure)
     layer = check_manifest(client.manifest(ref, idle), ref)
     digest, size = layer["digest"], layer["size"]
+    if os.path.lexists(final):
+        if _holds(final, digest, size):
+            check(final)  # the same checks a download gets: a file already there is not trusted for being there
+            return {"path": str(final), "digest": digest, "size": size, "present": True}
+        if not force:
+            raise RegistryError("output_exists", f"{final} exists and is not this layer (its size or sha256 "
+                                f"differs from {digest}, or it is a link): envport pull never replaces a file "
+                                "unasked; pass --force to replace it, or pull into another folder (-o DIR)")
     free = shutil.disk_usage(_existing_folder(out_dir)).free
     if size > free:
         raise RegistryError("disk_low", f"{ref}: the layer is {size} bytes ({size / 2**30:.1f} GiB), more than "
@@ -538,7 +603,26 @@ def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: boo
                                 ) from None
         raise RegistryError("output_exists", f"{final} appeared while it was being pulled; it was left as it "
                             "is and the download removed: pass --force to replace it") from None
-    return {"path": str(final), "digest": digest, "size": size}
+    return {"path": str(final), "digest": digest, "size": size, "present": False}
+
+
+def _holds(path: Path, digest: str, size: int) -> bool:
+    """Whether PATH is a regular file (never a link: lstat, O_NOFOLLOW) of SIZE bytes whose sha256 is DIGEST's:
+    the layer is already there, checked byte for byte, not assumed from its name (issue 37 U21)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    sha = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        while block := fh.read(CHUNK):
+            sha.update(block)
+    return f"sha256:{sha.hexdigest()}" == digest
 
 
 def _download(client: Client, ref: Ref, digest: str, partial: Path, size: int,

@@ -100,7 +100,8 @@ class ApptainerDirs(_Model):
 class Trust(_Model):
     keys: list[Line] = Field(default=[], description="PEM public keys (PUBLIC KEY or RSA PUBLIC KEY) whose "
                              "signatures this place trusts, relative to the site file's folder or absolute; "
-                             "`envport inspect` checks every SIF's signatures against them")
+                             "each must exist when the profile is read; `envport inspect` and `envport pull` "
+                             "refuse a SIF they do not verify")
     require_signed: bool = Field(default=False, description="refuse [unsigned] or [untrusted_signer] (or "
                                  "[bad_signature]) before a SIF is mounted or run by verify, witness, slurm "
                                  "submit and up, and before `envport pull` names the file; needs keys")
@@ -208,25 +209,36 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
 
 
 def _check_trust_keys(site: Site, raw: RawSpec) -> None:
-    """Each trust.keys file that exists is a regular file of at most MAX_KEY_BYTES, judged by stat (never
-    blocks): a FIFO there would hang every SIF check, `/dev/zero` would be read without end. A missing one is
-    left to the check that reads it (sif/keys.py names it then). Exit 2, naming the site file and line."""
-    from envport.core.smallfile import MAX_KEY_BYTES, MIB, problem
-
-    problems = []
-    for i, (given, path) in enumerate(zip(site.trust.keys, site.trust_keys())):
-        try:
-            why = problem(os.stat(path), MAX_KEY_BYTES)
-        except OSError:
-            continue
-        if why:
-            listed = "" if path == given else f" (listed as {given})"
-            problems.append(Problem(str(site._source), raw.lines.get(("trust", "keys")), f"trust.keys[{i}]",
-                                    f"{path}: {why}, not a key file{listed}; expected a PEM public key file, a "
-                                    f"regular file of at most {MAX_KEY_BYTES // MIB} MiB",
-                                    "list the public key file itself (e.g. keys/site.pub.pem)"))
+    """Each trust.keys file exists and is a regular file of at most MAX_KEY_BYTES, judged by stat (never
+    blocks): a FIFO there would hang every SIF check, `/dev/zero` would be read without end, and a missing one
+    was found only after a pull had downloaded the whole layer (issue 37 U11). Exit 2, naming the site file,
+    its line, the field and the path, before anything is asked of a registry or a SIF."""
+    problems = [p for i, (given, path) in enumerate(zip(site.trust.keys, site.trust_keys()))
+                for p in [_trust_key_problem(site, raw, i, given, path)] if p]
     if problems:
         raise SpecError(problems)
+
+
+def _trust_key_problem(site: Site, raw: RawSpec, i: int, given: str, path: str) -> Optional[Problem]:
+    """Why trust.keys[I] (GIVEN, PATH once resolved) is no key file, as a Problem; None when it may be one
+    (whether it holds a key is sif/keys.py's to say, when the key is loaded)."""
+    from envport.core.smallfile import MAX_KEY_BYTES, MIB, problem
+
+    listed = "" if path == given else f" (listed as {given}, relative to {Path(str(site._source)).absolute().parent})"
+    try:
+        why = problem(os.stat(path), MAX_KEY_BYTES)
+    except OSError as exc:
+        what = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc.strerror})"
+        return Problem(str(site._source), raw.lines.get(("trust", "keys")), f"trust.keys[{i}]",
+                       f"{path} {what}{listed}; a site's trust keys must all be there before any SIF is judged",
+                       "put the signer's PEM public key at that path (from a private key: `openssl pkey -in "
+                       "KEY.pem -pubout -out PUB.pem`), or correct or remove the entry")
+    if not why:
+        return None
+    return Problem(str(site._source), raw.lines.get(("trust", "keys")), f"trust.keys[{i}]",
+                   f"{path}: {why}, not a key file{listed}; expected a PEM public key file, a "
+                   f"regular file of at most {MAX_KEY_BYTES // MIB} MiB",
+                   "list the public key file itself (e.g. keys/site.pub.pem)")
 
 
 def ca_certificates(path: str, source: str) -> bytes:

@@ -29,7 +29,7 @@ from envport.plan.site import active_trust
 from envport.sif.format import SifDescriptor, SifInfo, primary_partition, read_sif
 from envport.sif.handle import SifError, SifFile, unsafe
 
-VERIFIED = "verified"
+VERIFIED, UNTRUSTED, UNSIGNED = "verified", "untrusted_signer", "unsigned"
 
 
 class TrustRefused(EnvportError):
@@ -76,10 +76,50 @@ def judge_signatures(source, key_files: Sequence[str]) -> tuple[str, str, frozen
     return verdict, "; ".join(checked.problems) or VERIFIED, checked.signed_ids
 
 
-def judge(path, key_files: Sequence[str]) -> tuple[str, str]:
-    """(verdict, detail) of `judge_signatures`: what `envport pull` asks of a file it downloaded."""
-    verdict, detail, _ = judge_signatures(path, key_files)
-    return verdict, detail
+def load_trust_keys(named: Sequence[str], site_keys: Sequence[str] = ()) -> list:
+    """The keys a command checks signatures against: NAMED (--key) and SITE_KEYS (the site's trust.keys), each
+    file once, loaded before anything is pulled or read (a private key: one warning, its public half used,
+    sif/keys.py). A file that is not a usable key is EnvportError, exit 2, naming it."""
+    from envport.sif.keys import KeyFileError, load_public_key
+
+    try:
+        return [load_public_key(f) for f in dict.fromkeys([*named, *site_keys])]
+    except KeyFileError as exc:
+        raise EnvportError(str(exc)) from None
+
+
+def judge_trust(source, keys: Sequence, keyrings: Sequence[str] = ()):
+    """The one judgement of a SIF's signatures for the commands that report it (pull, inspect, verify-sig),
+    so the same file and keys get the same verdict and exit code in each (issue 37 U8): (StepResult,
+    SignatureReport or None). SOURCE: a path or what another check of the run read (sif/verify.py
+    `check_signatures`); KEYS: `load_trust_keys`'s; KEYRINGS: PGP public key files.
+
+    Given keys, the SIF is trusted only when every group is signed and every signature verifies against one
+    of them: OK; anything else is REFUSED with the reason (bad_signature, untrusted_signer, unsigned),
+    whether or not the site sets trust.require_signed (that setting is about what may be mounted or run:
+    `gate`). Given none, the signatures are listed and the step is skipped: nothing is claimed. A file that
+    does not read is FAILED with its reason."""
+    from envport.core.verdict import StepResult, Verdict
+    from envport.sif.pgp import PgpError
+    from envport.sif.verify import check_signatures
+
+    step = f"signatures {Path(getattr(source, 'path', source)).name}"
+    try:
+        checked = check_signatures(source, list(keys), list(keyrings))
+    except SifError as exc:
+        return StepResult(step, Verdict.FAILED, exc.message, reason=exc.reason), None
+    except PgpError as exc:
+        return StepResult(step, Verdict.REFUSED, exc.message, reason=exc.reason), None
+    if checked.ok:
+        by = sorted({s.by for s in checked.signatures if s.by})
+        return StepResult(step, Verdict.OK, f"groups {', '.join(map(str, checked.groups))} signed, verified by "
+                          + "; ".join(by)), checked
+    if not keys and not keyrings:
+        return StepResult(step, Verdict.SKIPPED, f"{len(checked.signatures)} signature(s) listed, not checked: "
+                          "no key given (--key PUB.pem or the site's trust.keys)"), checked
+    fix = [refusal_fix()] if checked.verdict in (UNTRUSTED, UNSIGNED) else []
+    return StepResult(step, Verdict.REFUSED, "; ".join(checked.problems), reason=checked.verdict,
+                      lines=fix), checked
 
 
 def refusal_fix() -> str:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -100,9 +102,11 @@ def read_key_file(path: str | Path, what: str = "key") -> bytes:
         raise KeyFileError("bad_key", f"{path}: cannot read the {what} file ({exc.strerror})") from None
 
 
-def load_public_key(path: str | Path) -> PublicKey:
-    """A PEM `PUBLIC KEY` (PKIX) or `RSA PUBLIC KEY` file; a private key's public half also serves. Of a file
-    holding several PEM blocks only the first counts, as apptainer reads it (cryptography does the same)."""
+def load_public_key(path: str | Path, warn: Callable[[str], None] | None = None) -> PublicKey:
+    """A PEM `PUBLIC KEY` (PKIX) or `RSA PUBLIC KEY` file. Of a file holding several PEM blocks only the first
+    counts, as apptainer reads it (cryptography does the same). A private key's public half also serves, but a
+    trust key that is a private key is a mistake worth a word (the secret half sits in a trust list, often
+    world-readable): WARN (default: one `envport: warning:` line on stderr per file and process) says so."""
     data = read_key_file(path)
     try:
         key = serialization.load_pem_public_key(data)
@@ -111,8 +115,27 @@ def load_public_key(path: str | Path) -> PublicKey:
             key = serialization.load_pem_private_key(data, password=None).public_key()
         except (ValueError, TypeError, UnsupportedAlgorithm):
             raise KeyFileError("bad_key", f"{path}: not a PEM public key ({exc}); expected {KEY_HELP}") from None
+        (warn or _warn_once)(private_key_warning(path))
     _check_type(str(path), key)
     return PublicKey(str(path), key, keyid(key))
+
+
+def private_key_warning(path: str | Path) -> str:
+    """What a person is told when a key they trust is a private key: which file, that its public half is used,
+    and how to get that half (so the secret can leave the trust list)."""
+    pub = f"{Path(path).with_suffix('')}.pub.pem"
+    return (f"{path} is a PRIVATE key; a trust key should be the public half. Its public half is used. Make "
+            f"it with `openssl pkey -in {path} -pubout -out {pub}`, trust {pub} instead, and keep the private "
+            "key where only its owner can read it")
+
+
+_warned: set[str] = set()  # the files this process already warned about: one line each, however often loaded
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        print(f"envport: warning: {message}", file=sys.stderr, flush=True)
 
 
 def load_private_key(path: str | Path) -> PrivateKey:

@@ -68,9 +68,20 @@ def push_sif(sif: Path, ref, named: list[str], ca, name: str, given: bool):
         out = registry.push_sif(layer, ref, tags, ca=ca, progress=transfer_progress(f"push {sif.name}"))
     except registry.RegistryError as exc:
         return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, seconds=time.monotonic() - start)
-    return StepResult(step, Verdict.OK, f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)} "
-                      f"({source})", seconds=time.monotonic() - start,
-                      data={**out, "repository": f"{ref.host}/{ref.repo}"})
+    return StepResult(step, Verdict.PRESENT if out["present"] else Verdict.OK,
+                      f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)} ({source}){_sent(out)}",
+                      seconds=time.monotonic() - start, data={**out, "repository": f"{ref.host}/{ref.repo}"})
+
+
+def _sent(out: dict) -> str:
+    """What a push sent, as the registry's answers showed it (engines/registry.py `push_sif`): nothing, only
+    some tags, or the layer too."""
+    if out["present"]:
+        return ("; already in the registry (the registry has the layer, and its manifest under every tag names "
+                "this layer's sha256): nothing was sent")
+    if not out["layer_sent"]:
+        return f"; the layer was already there, not sent again: tagged {', '.join(out['tags_sent'])}"
+    return ""
 
 
 @dataclass(frozen=True)
