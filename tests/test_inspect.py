@@ -123,3 +123,40 @@ def test_sif_not_built_by_envport_is_refused(tmp_path: Path):
     out = as_json(proc)
     assert out["steps"][0]["reason"] == "not_envport" and out["sif"]["labels"] == {"maintainer": "someone else"}
     assert json.dumps(out)  # the whole report is JSON
+
+
+def test_outside_a_project_the_demo_sif_is_judged_against_the_lock_it_embeds(demo_sif: BuiltSif, tmp_path: Path):
+    """Issue 37 U9: an admin's folder holding only the SIF (no specs/): inspect judges its content against the
+    spec and lock it embeds (before: SKIPPED "not compared: no specs/ directory")."""
+    from envport.plan.lock import load_for
+    from envport.spec.loader import load_spec
+
+    admin = tmp_path / "admin"
+    admin.mkdir()
+    proc = _inspect(demo_sif.path, admin, "--json")
+    step = as_json(proc)["steps"][0]
+    assert proc.returncode == 0 and step["verdict"] == "OK", step
+    locked = len(load_for(load_spec("demo-cpu", demo_sif.root)).final())
+    assert f"matches the spec and lock it embeds (envport-spec.json: demo-cpu@{demo_sif.hash[:12]})" in step["detail"]
+    assert f"{locked}/{locked} distributions at the lock" in step["detail"], step["detail"]
+
+
+def test_outside_a_project_an_embedded_pin_the_content_breaks_is_named(tiny_sif: BuiltSif, tmp_path: Path):
+    """A SIF whose spec object (no lock embedded: the spec's == pins) promises six 1.15.0 while the partition
+    holds 1.16.0: content_mismatch naming it (the object edited in place, same length: nothing else moved)."""
+    sif = tmp_path / "admin" / tiny_sif.path.name
+    sif.parent.mkdir()
+    shutil.copyfile(tiny_sif.path, sif)
+    obj = next(d for d in read_sif(sif).descriptors if d.name == "envport-spec.json")
+    with open(sif, "r+b") as fh:
+        fh.seek(obj.offset)
+        data = fh.read(obj.size)
+        assert data.count(b"six==1.16.0") == 1 and b'"lock"' not in data
+        fh.seek(obj.offset)
+        fh.write(data.replace(b"six==1.16.0", b"six==1.15.0"))
+    good = as_json(_inspect(tiny_sif.path, sif.parent, "--json"))["steps"][0]
+    assert good["verdict"] == "OK" and "no lock embedded: the spec's == pins" in good["detail"], good
+    proc = _inspect(sif, sif.parent, "--json")
+    step = as_json(proc)["steps"][0]
+    assert proc.returncode == 3 and step["reason"] == "content_mismatch", step
+    assert "six 1.16.0, the spec says 1.15.0" in step["lines"], step["lines"]

@@ -19,6 +19,7 @@ from envport.report.modules import lua_string, tcl_string
 
 from .sif_fixtures import BuiltSif
 from .support import REPO, as_json, fail_with, missing, run_envport
+from .registry_fixture import registry, small_project, small_sif  # noqa: F401
 from .test_sif_sign import new_key
 
 pytest_plugins = ["tests.sif_fixtures"]
@@ -161,3 +162,45 @@ def test_text_from_the_sif_is_a_string_literal():
     evil = 'x"]] os.execute("id") --[[\n$(id) [exec id] {'
     assert lua_string(evil) == '"x\\"]] os.execute(\\"id\\") --[[\\n$(id) [exec id] {"'
     assert tcl_string(evil) == '"x\\"\\]\\] os.execute(\\"id\\") --\\[\\[\\n\\$(id) \\[exec id\\] \\{"'
+
+
+@pytest.mark.timeout(1800)
+def test_install_from_the_registry_with_a_shpc_entry(registry, small_project, small_sif, tmp_path: Path):
+    """`module install oras://HOST/REPO:TAG --shpc DIR` in an admin's folder with only a site file and a key: the
+    SIF pulled from the real test registry and judged as `envport pull` judges it, the module loaded by the real
+    Lmod and its wrapper run; DIR/HOST/REPO/container.yaml pins the tag to the manifest digest the registry
+    itself reports; a second run is present twice."""
+    from .registry_fixture import REGISTRY_DIR
+    from .support import unique
+
+    signed = _copy(small_sif, tmp_path)
+    priv, pub = new_key(tmp_path, "ed25519")
+    run_envport("sign", str(signed), "--key", str(priv), root=tmp_path, check=True, timeout=600)
+    repo, tag = f"envport/{unique('module')}", "v1"
+    pushed = run_envport("push", small_sif.name, "--site", small_sif.site, "--sif", str(signed), "--to",
+                         registry.url(repo, tag), root=small_project, timeout=600)
+    assert pushed.returncode == 0, fail_with(pushed, "push")
+    admin = tmp_path / "admin"
+    admin.mkdir()
+    site = admin / "cluster.yaml"
+    site.write_text(yaml.safe_dump({"name": "cluster", "registry_ca": str(REGISTRY_DIR / "ca.crt"),
+                                    "trust": {"keys": [str(pub)], "require_signed": True}}))
+    mp, shpc = admin / "modules", admin / "shpc-registry"
+    argv = ["module", "install", registry.url(repo, tag), "--modulepath", str(mp), "--site", str(site), "--shpc",
+            str(shpc), "--json"]
+    proc = run_envport(*argv, root=admin, timeout=600)
+    assert proc.returncode == 0, fail_with(proc, "module install oras://")
+    steps = as_json(proc)["steps"]
+    assert [s["verdict"] for s in steps] == ["OK", "OK"], steps
+    assert "verified: " in steps[0]["data"]["signer"], steps[0]["data"]
+    entry = yaml.safe_load((shpc / registry.host / repo / "container.yaml").read_text())
+    status, headers, _ = registry.get(f"/v2/{repo}/manifests/{tag}", accept="application/vnd.oci.image.manifest.v1+json")
+    assert status == 200 and entry["tags"] == {tag: headers["Docker-Content-Digest"]} == entry["latest"], entry
+    assert entry["oras"] == f"{registry.host}/{repo}" and "python" in entry["aliases"] and entry["maintainer"]
+    assert set(entry) <= {"oras", "url", "maintainer", "description", "latest", "tags", "aliases", "features"}
+    run = _lmod(f'module load {small_sif.name}; python -c "import six; print(six.__version__)"', mp, admin)
+    assert run.returncode == 0 and run.stdout.strip() == "1.16.0", fail_with(run, "module load; python")
+    again = run_envport(*argv, root=admin, timeout=600)
+    assert [s["verdict"] for s in as_json(again)["steps"]] == ["present", "present"], again.stdout
+    local = run_envport("module", "install", str(signed), "--modulepath", str(mp), "--shpc", str(shpc), root=admin)
+    assert local.returncode == 2 and "oras://HOST/REPO:TAG" in local.stderr, local.stderr

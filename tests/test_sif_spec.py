@@ -155,8 +155,9 @@ def _no_builder_path(tmp_path: Path) -> str:
 def test_inspect_advice_fits_the_reader(tiny_sif: BuiltSif, admin_dir: Path, tmp_path: Path):
     sif = str(tiny_sif.path)
     run = f"envport witness tiny-sif --target apptainer --sif {sif}"
-    # No project: nothing to compare with; how to run it instead of a build.
+    # No project: judged against the spec it embeds (issue 37 U9); how to run it instead of a build.
     proc = _admin(admin_dir, "inspect", sif)
+    assert "matches the spec it embeds" in proc.stdout, proc.stdout
     assert f"    | to run it: {run} (with the spec it embeds)" in proc.stdout.splitlines(), proc.stdout
     root = _edited_project(tmp_path)
     # A project, and a host that cannot build: ask for a rebuild, or run it with the spec it embeds.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from envport.commands.verify_sig import signature_lines, verify_step
@@ -22,7 +23,9 @@ def register(sub) -> None:
                        "bit, symlinks leaving the image). It matches specs/NAME.yaml only when the content is "
                        "what the spec and its lock install; when the spec moved on, the changed fields are "
                        "named, and the fix fits this host (a build where it can build a SIF, else a rebuild by "
-                       "its builder or a run with the spec it embeds); outside a project, how to run it. Text "
+                       "its builder or a run with the spec it embeds); outside a project, against the spec and "
+                       "lock the SIF itself embeds (envport-spec.json, once its name and hash agree with the "
+                       "image's own labels; without an embedded lock, the spec's == pins). Text "
                        "from the file is printed with non-printable characters escaped. Exit 0 "
                        "matches, 1 not a usable SIF (truncated, corrupt, trailing_bytes, bytes_used_mismatch, "
                        "corrupt_object, not a SIF: the reason token says which), 3 stale, content_mismatch, "
@@ -109,10 +112,15 @@ def _compare(args, report):
         root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
         loaded = load_spec(name, None if name.endswith((".yaml", ".yml")) else root)
     except EnvportError as exc:
-        # An admin holding only the file: what they can do with it, not a build they cannot run.
+        # An admin holding only the file: judged against the spec and lock it embeds, where it embeds one.
         embeds = isinstance((report.facts.get("embedded") or {}).get("spec"), dict)
-        run = f"envport witness {shlex.quote(name)} --target apptainer --sif {shlex.quote(report.path)}"
         in_project = root is not None and (root / SPECS_DIR).is_dir()
+        run = f"envport witness {shlex.quote(name)} --target apptainer --sif {shlex.quote(report.path)}"
+        if embeds and not args.spec and not in_project:
+            from envport.sif.embedded import judged
+
+            result = judged(report)
+            return result if result.reason else replace(result, lines=[f"to run it: {run} (with the spec it embeds)"])
         return StepResult(step, Verdict.SKIPPED, f"built as {labels.get('envport.name')}@"
                           f"{str(labels['envport.hash'])[:12]}; not compared: {exc}",
                           lines=[f"to run it: {run}{' --embedded-spec' if in_project else ''} (with the spec it "

@@ -22,8 +22,11 @@ def register(sub) -> None:
                        "else `envport module exec`). Exit 0 written or present, 1 failed, 2 usage, 3 refused.")
     verbs = p.add_subparsers(dest="module_command", metavar="VERB")
     verbs.required = True
-    inst = verbs.add_parser("install", help="write the module of FILE.sif under --modulepath")
-    inst.add_argument("sif", metavar="FILE.sif")
+    inst = verbs.add_parser("install", help="write the module of FILE.sif (or oras://HOST/REPO:TAG) under "
+                            "--modulepath")
+    inst.add_argument("sif", metavar="FILE.sif|oras://HOST/REPO:TAG",
+                      help="the SIF, or its registry reference: pulled into a private folder first, its signatures "
+                      "judged as `envport pull` judges them")
     _modulepath(inst)
     inst.add_argument("--site", default=None, metavar="NAME|FILE",
                       help="site profile (default: local): its trust.require_signed and trust.keys")
@@ -33,6 +36,9 @@ def register(sub) -> None:
     inst.add_argument("--weights-dir", default=None, metavar="DIR",
                       help="where the weight folders are (default: envport's weights dir); each is bound "
                       "read-only at the spec's path when it exists")
+    inst.add_argument("--shpc", default=None, metavar="DIR",
+                      help="with oras://HOST/REPO:TAG: also write DIR/HOST/REPO/container.yaml, a Singularity-HPC "
+                      "registry entry pinned by the manifest's digest (other tags there kept)")
     inst.add_argument("--json", action="store_true", help="print the result as JSON (docs/cli.md)")
     inst.set_defaults(func=run_install)
     ls = verbs.add_parser("list", help="the modules envport wrote under --modulepath")
@@ -65,15 +71,59 @@ def _modulepath(p) -> None:
 
 
 def run_install(args) -> int:
+    from envport.core.errors import EnvportError
+    from envport.plan.site import load_site
+
+    site = load_site(args.site, root_or_here(args))  # trust.require_signed: the gate below refuses (exit 3)
+    if args.sif.startswith("oras://"):
+        return _install_pulled(args, site)
+    if args.shpc:
+        raise EnvportError("--shpc pins the SIF's registry source by digest, and a file names no registry: "
+                           "install from oras://HOST/REPO:TAG (after `envport push`)")
+    return _install(args, site, Path(args.sif))
+
+
+def _install_pulled(args, site) -> int:
+    """oras://HOST/REPO:TAG pulled into a private temp folder (the layer's digest, the SIF header and the
+    signatures judged as `envport pull` judges them), then installed from there; --shpc pins its manifest."""
+    import tempfile
+
+    from envport.commands.pull import BROKEN, trust_checks
+    from envport.core.errors import EnvportError
+    from envport.core.progress import transfer_progress
+    from envport.core.verdict import StepResult, Verdict
+    from envport.engines import registry
+
+    try:
+        ref = registry.parse_ref(args.sif)
+    except ValueError as exc:
+        raise EnvportError(str(exc)) from None
+    if not ref.tag:
+        raise EnvportError(f"{args.sif!r}: name the tag (oras://HOST/REPO:TAG)")
+    check, _ = trust_checks(site, args.key)
+    step = f"module install {ref}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="envport-module-pull-") as tmp:
+            out = registry.pull_sif(ref, Path(tmp), ca=site.registry_ca, idle=registry.idle_seconds(), check=check,
+                                    progress=transfer_progress(f"pull {ref}"))
+            pin = registry.pinned(ref, ca=site.registry_ca) if args.shpc else None
+            if pin is not None and pin[1]["digest"] != out["digest"]:
+                return _done(args, [StepResult(step, Verdict.REFUSED, f"{ref} moved while it was pulled (its layer "
+                                               f"was {out['digest']}, is {pin[1]['digest']} now): nothing was "
+                                               "written", reason="tag_moved", lines=["fix: run it again"])])
+            return _install(args, site, Path(out["path"]), pin=(ref, pin[0]) if pin else None)
+    except registry.RegistryError as exc:
+        verdict = Verdict.FAILED if exc.reason in BROKEN else Verdict.REFUSED
+        return _done(args, [StepResult(step, verdict, str(exc), reason=exc.reason)])
+
+
+def _install(args, site, sif: Path, pin=None) -> int:
     from envport.sif.report import admitted
     from envport.sif.embedded import embedded
     from envport.core.verdict import StepResult, Verdict, exit_code
-    from envport.plan.site import load_site
     from envport.report import modules
 
-    sif = Path(args.sif)
     modulepath = Path(args.modulepath).absolute()
-    site = load_site(args.site, root_or_here(args))  # trust.require_signed: the gate below refuses (exit 3)
     fix = "the file you named does not exist: check the path"
     checked = admitted(sif, step=f"module install {sif.name}", fix=fix)
     if isinstance(checked, StepResult):
@@ -91,14 +141,40 @@ def run_install(args) -> int:
                                             "--target apptainer), which embeds its spec"])
         return _done(args, [refused])
     module = _module(args, site, gated, report, spec, modulepath)
-    result = modules.install(module, gated.file, gated.file.st.st_size, args.default)
-    code = exit_code([result])
+    steps = [modules.install(module, gated.file, gated.file.st.st_size, args.default)]
+    if pin is not None and steps[0].verdict.ok:
+        steps.append(_shpc(Path(args.shpc), module, *pin))
+    code = exit_code(steps)
     if args.json:
-        print_json(envelope("module install", code, [result]))
+        print_json(envelope("module install", code, steps))
         return code
-    print(shown(result.line()))
+    for step in steps:
+        print(shown(step.line()))
     print(f"    | use it: module use {shlex.quote(str(modulepath))}; module load {module.name}/{module.version}")
     return code
+
+
+def _shpc(registry_dir: Path, module, ref, digest: str):
+    """REGISTRY_DIR/HOST/REPO/container.yaml for shpc: `present` when it already pins this tag to DIGEST."""
+    import yaml
+
+    from envport.core.files import write_atomic
+    from envport.core.verdict import StepResult, Verdict
+    from envport.report import modules
+
+    repository = f"{ref.host}/{ref.repo}"
+    path = registry_dir / ref.host / ref.repo / "container.yaml"
+    try:
+        existing = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        existing = None  # not a file shpc could read either: written anew
+    text = modules.shpc_entry(module, repository, ref.tag, digest, existing)
+    step = f"shpc {repository}:{ref.tag}"
+    if path.is_file() and path.read_text() == text:
+        return StepResult(step, Verdict.PRESENT, f"{path} already pins it to {digest}")
+    write_atomic(path, text)
+    return StepResult(step, Verdict.OK, f"{path}: tag {ref.tag} pinned to {digest} (`shpc install "
+                      f"{repository}:{ref.tag}` with {registry_dir} as its registry)", data={"container_yaml": str(path)})
 
 
 def _module(args, site, gated, report, spec, modulepath: Path):

@@ -294,16 +294,20 @@ class Client:
                 except urllib3.exceptions.ReadTimeoutError:
                     raise stalled(f"no byte for {idle:g} s") from None
 
-    def manifest(self, ref: Ref, idle: float = IDLE_S) -> object:
-        """REF's manifest as parsed JSON (any JSON: `check_manifest` judges it); at most MANIFEST_MAX bytes
-        are read, and a registry that stalls is `registry_unreachable`."""
+    def manifest_bytes(self, ref: Ref, idle: float = IDLE_S) -> bytes:
+        """REF's manifest as the registry serves it (its sha256 is the manifest's digest); at most MANIFEST_MAX
+        bytes are read, and a registry that stalls is `registry_unreachable`."""
         accept = ", ".join([OCI_MANIFEST, "application/vnd.docker.distribution.manifest.v2+json"])
         url = f"{self.registry.prefix}://{self.container(ref).manifest_url()}"
         too_big = RegistryError("not_a_sif_artifact", f"{ref}: the registry's manifest is larger than "
                                 f"{MANIFEST_MAX >> 20} MiB (a SIF's, as apptainer push writes it, is under 1 KiB): "
                                 "not read further; not a SIF pushed with oras")
         with self.errors(ref, "reading the manifest of"):
-            data = b"".join(self.fetch(ref, url, accept, "manifest", idle, limit=MANIFEST_MAX, too_big=too_big))
+            return b"".join(self.fetch(ref, url, accept, "manifest", idle, limit=MANIFEST_MAX, too_big=too_big))
+
+    def manifest(self, ref: Ref, idle: float = IDLE_S) -> object:
+        """REF's manifest as parsed JSON (any JSON: `check_manifest` judges it)."""
+        data = self.manifest_bytes(ref, idle)
         try:
             return json.loads(data)
         except (ValueError, RecursionError) as exc:
@@ -604,6 +608,20 @@ def pull_sif(ref: Ref, out_dir: Path, *, ca: Optional[str] = None, insecure: boo
         raise RegistryError("output_exists", f"{final} appeared while it was being pulled; it was left as it "
                             "is and the download removed: pass --force to replace it") from None
     return {"path": str(final), "digest": digest, "size": size, "present": False}
+
+
+def pinned(ref: Ref, *, ca: Optional[str] = None, insecure: bool = False) -> tuple[str, dict]:
+    """(the digest of REF's manifest, its one SIF layer): what pins a tag's content for a reader that pulls by
+    digest (shpc's container.yaml). The manifest is judged as a pull judges it (`check_manifest`)."""
+    reachable(ref.host)
+    client = Client(ref.host, ca, insecure)
+    data = client.manifest_bytes(ref)
+    try:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError):
+        raise RegistryError("not_a_sif_artifact", f"{ref}: the registry's manifest is not JSON: not a SIF pushed "
+                            "with oras") from None
+    return f"sha256:{hashlib.sha256(data).hexdigest()}", check_manifest(manifest, ref)
 
 
 def _holds(path: Path, digest: str, size: int) -> bool:

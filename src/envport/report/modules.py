@@ -215,6 +215,31 @@ def render(module: Module) -> dict[str, str]:
     return texts
 
 
+def shpc_entry(module: Module, repository: str, tag: str, digest: str, existing: Optional[dict] = None) -> str:
+    """The text of a Singularity-HPC `container.yaml` for MODULE pulled from oras://REPOSITORY:TAG, pinned by
+    the manifest DIGEST (`tags`, `latest`), merged into EXISTING (the file there: other tags stay), its aliases
+    the module's executables (each the command of that name inside the image), `features.gpu` when the spec
+    asks for GPUs. Only the fields shpc's schema allows (it refuses any other)."""
+    import yaml
+
+    old = existing if isinstance(existing, dict) else {}
+    tags = {str(k): str(v) for k, v in (old.get("tags") or {}).items()} if isinstance(old.get("tags"), dict) else {}
+    tags[tag] = digest
+    entry = {
+        "oras": repository,
+        "url": f"oras://{repository}",
+        "maintainer": f"envport module install (signer: {module.signer})",
+        "description": module.description or f"envport env {module.name}",
+        "latest": {tag: digest},
+        "tags": dict(sorted(tags.items())),
+        "aliases": {exe: exe for exe in module.executables},
+    }
+    if module.gpus:
+        entry["features"] = {"gpu": True}
+    return ("# Written by `envport module install oras://... --shpc DIR` from the spec the SIF embeds; "
+            "shpc reads it unchanged.\n" + yaml.safe_dump(entry, sort_keys=False, allow_unicode=False))
+
+
 # --- install, list, show, uninstall -------------------------------------------------------------------------
 
 def _same(folder: Path, texts: dict[str, str], module: Module) -> bool:

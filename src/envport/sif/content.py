@@ -139,7 +139,14 @@ VENV_SEEDS = ("pip", "setuptools", "wheel")  # what `python -m venv` itself inst
 def judge(content: Content, plan, python: str) -> tuple[list[str], str, list[str]]:
     """(what differs from the spec and lock, one line of what the content shows, the distributions a lock
     does not name).  A locked env holds nothing else: an extra distribution is a difference."""
-    want = expected_distributions(plan)
+    return judge_against(content, expected_distributions(plan), any(getattr(s, "locked", ()) for s in plan.steps),
+                         python)
+
+
+def judge_against(content: Content, want: dict[str, str], locked: bool, python: str
+                  ) -> tuple[list[str], str, list[str]]:
+    """`judge` with the distributions WANT ({canonical name: version}) given; LOCKED: they are a whole lock,
+    so anything else installed is a difference."""
     at_lock = [n for n, v in want.items() if content.distributions.get(n) == v]
     problems = []
     if content.python is None:
@@ -149,14 +156,14 @@ def judge(content: Content, plan, python: str) -> tuple[list[str], str, list[str
     for name in sorted(want):
         have = content.distributions.get(name)
         if have != want[name]:
-            problems.append(f"{name} {have or 'absent'}, the lock says {want[name]}")
+            problems.append(f"{name} {have or 'absent'}, the {'lock' if locked else 'spec'} says {want[name]}")
     extra = sorted(f"{n} {v}" for n, v in content.distributions.items() if n not in want and n not in VENV_SEEDS)
-    if extra and any(getattr(s, "locked", ()) for s in plan.steps):
+    if extra and locked:
         problems.append(f"not in the lock: {', '.join(extra[:12])}" + (f" (+{len(extra) - 12})" if len(extra) > 12 else ""))
     if content.labels is None:
         problems.append(f"no {LABELS} in the image")
     py = f"python {content.python}" if content.python else "no python"
-    shows = f"{py}, {len(at_lock)}/{len(want)} distributions at the {'lock' if want else 'spec'}"
+    shows = f"{py}, {len(at_lock)}/{len(want)} distributions at the {'lock' if locked else 'spec'}"
     return problems, shows, extra
 
 

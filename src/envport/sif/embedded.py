@@ -54,8 +54,6 @@ def embedded(sif: Path, name: str, root: Path, *, checked=None) -> Union[Embedde
     the StepResult refusing it.  NAME must be the embedded spec's name (an EnvportError, exit 2, if not).
     CHECKED: the (Gated, SifReport) a caller already had from sif_inspect.admitted: not read again."""
     from envport.sif.report import admitted
-    from envport.core.errors import EnvportError
-    from envport.core.untrusted import shown
     from envport.spec.model import Spec
     from envport.spec.yamlfile import RawSpec, validate
 
@@ -66,6 +64,27 @@ def embedded(sif: Path, name: str, root: Path, *, checked=None) -> Union[Embedde
     if isinstance(checked, StepResult):
         return checked
     _, report = checked
+    bound = _tied(report, name, sif, step)
+    if isinstance(bound, StepResult):
+        return bound
+    doc, spec_data, built_hash = bound
+    spec = validate(RawSpec(sif, spec_data), spec_data, Spec, f"{sif} ({SPEC_OBJECT})")
+    integrity = next((c for c in report.checks if c.name == "integrity"), None)
+    tied = "the image's own labels name the same env and hash" + (
+        ", its partition is the one it records (sha256)" if integrity and integrity.verdict is Verdict.OK else
+        " (it records no partition sha256)")
+    site = doc.get("site") if isinstance(doc.get("site"), str) else None
+    loaded = Loaded(spec=spec, path=Path(sif), root=root, chain=[Path(sif)], embedded_in=Path(sif))
+    return Embedded(loaded, Identity(name, built_hash, site), f"{tied} (claims, like any label: only a "
+                    "signature says who built it)")
+
+
+def _tied(report, name: str, sif: Path, step: str):
+    """(the spec object, its spec, the hash) when REPORT's embedded spec object is NAME's and the image's own
+    labels name the same env and hash; else the StepResult refusing it (EnvportError when it is another env's)."""
+    from envport.core.errors import EnvportError
+    from envport.core.untrusted import shown
+
     doc = report.facts.get("embedded")
     spec_data = doc.get("spec") if isinstance(doc, dict) else None
     if not isinstance(spec_data, dict):
@@ -84,15 +103,69 @@ def embedded(sif: Path, name: str, root: Path, *, checked=None) -> Union[Embedde
                         f"image's own labels {shown(str(own.get('envport.name')))}@"
                         f"{shown(str(own.get('envport.hash')))[:12]}: the spec object is not this image's",
                         f"envport inspect {sif}; get the file again from its builder")
-    spec = validate(RawSpec(sif, spec_data), spec_data, Spec, f"{sif} ({SPEC_OBJECT})")
-    integrity = next((c for c in report.checks if c.name == "integrity"), None)
-    tied = "the image's own labels name the same env and hash" + (
-        ", its partition is the one it records (sha256)" if integrity and integrity.verdict is Verdict.OK else
-        " (it records no partition sha256)")
-    site = doc.get("site") if isinstance(doc.get("site"), str) else None
-    loaded = Loaded(spec=spec, path=Path(sif), root=root, chain=[Path(sif)], embedded_in=Path(sif))
-    return Embedded(loaded, Identity(name, built_hash, site), f"{tied} (claims, like any label: only a "
-                    "signature says who built it)")
+    return doc, spec_data, built_hash
+
+
+def judged(report) -> StepResult:
+    """`envport inspect FILE.sif` with no project: the image's content judged against the spec and lock its
+    own spec object embeds (after the object is tied to the image's labels): OK, or REFUSED content_mismatch."""
+    from envport.core.errors import EnvportError
+    from envport.sif import content as sif_content
+    from envport.spec.model import Spec
+    from envport.spec.yamlfile import RawSpec, validate
+
+    sif = Path(report.path)
+    step = f"inspect {sif.name}"
+    name = str(report.claimed.get("envport.name", ""))
+    try:
+        tied = _tied(report, name, sif, step)
+        if isinstance(tied, StepResult):
+            return tied
+        doc, spec_data, built_hash = tied
+        spec = validate(RawSpec(sif, spec_data), spec_data, Spec, f"{sif} ({SPEC_OBJECT})")
+    except EnvportError as exc:
+        return _refused(step, "embedded_spec_invalid", str(exc), f"envport inspect {sif} in the project that built it")
+    content = report.facts.get("content")
+    if content is None:
+        return StepResult(step, Verdict.REFUSED, "the content was not read", reason="missing_tool")
+    want, locked = embedded_pins(doc, spec)
+    problems, shows, _ = sif_content.judge_against(sif_content.Content(
+        labels=content.get("labels"), python=content.get("python"), distributions=content.get("distributions") or {}),
+        want, locked, spec.python)
+    against = f"the spec {'and lock ' if locked else ''}it embeds ({SPEC_OBJECT}: {name}@{built_hash[:12]}" + (
+        "" if locked else "; no lock embedded: the spec's == pins") + ")"
+    data = {"sif_hash": built_hash, "spec": "embedded", "lock": "embedded" if locked else None}
+    if problems:
+        return StepResult(step, Verdict.REFUSED, f"content: {shows}: not {against}", reason="content_mismatch",
+                          lines=problems, data={**data, "content_problems": problems})
+    return StepResult(step, Verdict.OK, f"matches {against} from the content: {shows}", data=data)
+
+
+def embedded_pins(doc: dict, spec) -> tuple[dict[str, str], bool]:
+    """({canonical name: version} the image must hold, whether that is a whole lock): the embedded lock's
+    phases (a later phase winning), else the spec's `==` pins (last phase naming one wins)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from envport.spec.model import canonical_name
+
+    want: dict[str, str] = {}
+    lock = doc.get("lock")
+    if isinstance(lock, list) and lock:
+        for phase in lock:
+            for dist in (phase.get("dists") or []) if isinstance(phase, dict) else []:
+                if isinstance(dist, list) and len(dist) >= 2 and all(isinstance(x, str) for x in dist[:2]):
+                    want[canonical_name(dist[0])] = dist[1]
+        return want, True
+    for phase in spec.pip_phases:
+        for req in phase.packages:
+            try:
+                parsed = Requirement(req)
+            except InvalidRequirement:
+                continue
+            pins = [s.version for s in parsed.specifier if s.operator == "=="]
+            if len(pins) == 1:
+                want[canonical_name(parsed.name)] = pins[0]
+    return want, False
 
 
 def difference(sif: Path, loaded: Loaded, spec_hash: str) -> Optional[dict]:

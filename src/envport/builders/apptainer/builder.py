@@ -417,8 +417,19 @@ class SifBuild:
         # too: only a signature says who built it).
         doc = {"envport_version": __version__, "name": self.loaded.spec.name, "hash": self.resolved.hash,
                "site": self.site.name, "base": base.source, "partition": {"sha256": digest, "size": size},
-               "spec": self.loaded.spec.model_dump(mode="json")}
+               "spec": self.loaded.spec.model_dump(mode="json"), **embedded_lock(self.resolved.plan)}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def embedded_lock(plan) -> dict:
+    """{"lock": [{"phase", "dists": [[name, version, sha256], ...]}, ...]} of PLAN's locked phases, for the
+    spec object: an admin without the project judges the image against the lock it was built from (`envport
+    inspect`); {} for a build without a lock."""
+    from envport.plan.steps import PipStep
+
+    phases = [{"phase": s.index, "dists": [[d.name, d.version, d.sha256] for d in s.locked]}
+              for s in plan.steps if isinstance(s, PipStep) and s.locked]
+    return {"lock": phases} if phases else {}
 
 
 def _defang(rootfs: Path) -> tuple[int, int]:
