@@ -82,3 +82,22 @@ def test_an_admins_folder_gets_no_reports_and_its_ledger_reads_by_name(weighted_
     assert "verify" in kinds, kinds
     docs = run_envport("ledger", NAME, "--write-docs", root=admin, env=env, timeout=120)
     assert docs.returncode == 2 and "in a project" in docs.stderr, docs.stderr
+
+
+def test_a_witness_weight_fix_works_with_only_the_file(weighted_sif, tmp_path):
+    """U6: witness --sif in the admin's folder with the weights absent: the weight check's fix names the file
+    (`envport weights verify NAME --sif FILE`), and that very command runs there (exit 3: absent, not exit 2)."""
+    import shlex
+
+    admin = tmp_path / "admin"
+    admin.mkdir()
+    env = cli_env(ENVPORT_WEIGHTS_DIR=str(tmp_path / "weights"))
+    proc = run_envport("witness", NAME, "--target", "apptainer", "--sif", str(weighted_sif.path), "--json",
+                       root=admin, env=env, timeout=600)
+    steps = as_json(proc)["steps"]
+    fixes = [ln for s in steps for ln in s["lines"] if ln.startswith("fix: envport weights verify")]
+    assert fixes, steps
+    verify = fixes[0].removeprefix("fix: ").split(", then ")[0]
+    assert f"--sif {weighted_sif.path}" in verify, verify
+    ran = run_envport(*shlex.split(verify)[1:], "--json", root=admin, env=env, timeout=300)
+    assert ran.returncode == 3 and as_json(ran)["steps"][0]["reason"] == "weights_missing", ran.stdout + ran.stderr

@@ -12,6 +12,9 @@ The rules (seed 002, each answering a failure that happened):
   truncated transfer and a corrupt file look alike, and removing one to retry
   destroys the evidence that says which it was. A file off its pin is named
   with both digests and left in place;
+- a weight dir fetched by its `source` without a pinned file list is checked the way seed 004 says to
+  (`du -sh` every subdir): an empty subdirectory, or a total far below `size_gb`, is a download that
+  swallowed its error, FAILED naming the folder, never `present`;
 - a weight's token (`auth_hint`, gated or not) is read from the environment at
   fetch time, passed to the command and scrubbed from everything envport
   prints or keeps (core/secrets).
@@ -47,6 +50,9 @@ PROGRESS_BYTES = 256 * 2**20  # files at least this large print a progress line 
 CHUNK = 4 * 2**20
 FETCH_TIMEOUT_S = 4 * 3600
 TAIL = 12
+# An unpinned weight dir holding less than this share of its size_gb stopped early (a half-fetched
+# checkpoint is far below; compression or a smaller revision is not this far).
+FAR_BELOW = 0.5
 
 
 def weights_root(explicit: Optional[str] = None) -> Path:
@@ -95,7 +101,7 @@ class FileState:
     weight: str
     path: Path
     ok: bool
-    problem: str = ""  # missing | size | digest | unpinned | link (to outside the weight dir)
+    problem: str = ""  # missing | size | digest | unpinned | link (to outside the weight dir) | incomplete
     message: str = ""
 
 
@@ -149,15 +155,62 @@ def check_weight(spec: Spec, name: str, w: WeightDir, root: Path, progress: Prog
     return states
 
 
+def _fetched_unpinned(w: WeightDir) -> bool:
+    return not w.files and bool(w.source.strip())
+
+
+def _dir_bytes(base: Path) -> tuple[int, list[Path]]:
+    """(bytes of the regular files under BASE, its topmost subdirectories holding none); links not followed."""
+    size: dict[str, int] = {}
+    for here, dirs, files in os.walk(base, topdown=False):
+        total = sum(size.get(os.path.join(here, d), 0) for d in dirs)
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(here, f))
+            except OSError:
+                continue
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        size[here] = total
+    empty = [p for p, n in size.items() if n == 0 and p != str(base)]
+    # Only the topmost of nested empty folders: naming a/ says a/b/ too.
+    top = [p for p in empty if os.path.dirname(p) not in empty]
+    return size.get(str(base), 0), [Path(p) for p in sorted(top)]
+
+
+def check_unpinned(spec: Spec, name: str, w: WeightDir, root: Path) -> FileState:
+    """A weight dir its `source` fills without a pinned file list: there, no empty subdirectory, near size_gb."""
+    base = host_dir(root, spec.name, name)
+    if not base.is_dir() or not any(base.iterdir()):
+        return FileState(name, base, False, "missing", f"{base} is {'empty' if base.is_dir() else 'absent'}")
+    total, empty = _dir_bytes(base)
+    problems = [f"{d}: empty subdirectory (a download that swallowed its error?)" for d in empty]
+    if total == 0:
+        problems.append(f"{base}: holds folders but 0 bytes of files")
+    elif w.size_gb and total < FAR_BELOW * w.size_gb * 1e9:
+        problems.append(f"{base}: {_human(total)} in all, far below its size_gb {w.size_gb} (under "
+                        f"{FAR_BELOW:.0%}): a fetch that stopped early?")
+    if problems:
+        return FileState(name, base, False, "incomplete", "; ".join(problems))
+    return FileState(name, base, True, message=f"{base}: {_human(total)}, no empty subdirectory (no pinned files)")
+
+
+def weight_states(spec: Spec, name: str, w: WeightDir, root: Path, progress: Progress = quiet) -> list[FileState]:
+    """The pinned files of one weight dir, deep; or, fetched by `source` without pins, its completeness."""
+    if _fetched_unpinned(w):
+        return [check_unpinned(spec, name, w, root)]
+    return check_weight(spec, name, w, root, progress)
+
+
 def verify(loaded: Loaded, root: Path, progress: Progress = quiet) -> StepResult:
-    """present when every declared file is at its pin; REFUSED naming each one that is not."""
+    """present when every declared file is at its pin (and every unpinned fetched dir complete); REFUSED
+    naming each file that is not; FAILED naming each incomplete folder."""
     start = time.monotonic()
     spec = loaded.spec
     step = f"weights {spec.name}"
-    if not any(w.files for w in spec.weight_dirs.values()):
+    if not any(w.files or _fetched_unpinned(w) for w in spec.weight_dirs.values()):
         what = "declares no weights" if not spec.weight_dirs else "pins no weight files (nothing to verify)"
         return StepResult(step, Verdict.SKIPPED, f"{spec.name} {what}", seconds=time.monotonic() - start)
-    states = [s for n, w in sorted(spec.weight_dirs.items()) for s in check_weight(spec, n, w, root, progress)]
+    states = [s for n, w in sorted(spec.weight_dirs.items()) for s in weight_states(spec, n, w, root, progress)]
     bad = [s for s in states if not s.ok]
     data = {"weights_root": str(root), "files": len(states)}
     warnings = writable_by_others(root, spec)
@@ -189,6 +242,14 @@ def writable_by_others(root: Path, spec: Spec) -> list[str]:
 
 
 def _off_pin(step, bad, total, root, spec, start, data) -> StepResult:
+    incomplete = [s for s in bad if s.problem == "incomplete"]
+    if incomplete:
+        return StepResult(step, Verdict.FAILED, f"{incomplete[0].weight}: {incomplete[0].message}",
+                          reason="weights_incomplete", lines=[s.message for s in incomplete[1:]] +
+                          [s.message for s in bad if s not in incomplete] +
+                          ["fix: the folder is left in place: read the source command's output above, remove "
+                           f"what it left by hand and re-run `envport weights fetch {spec.name}`"],
+                          seconds=time.monotonic() - start, data=data)
     absent = all(s.problem == "missing" for s in bad)
     lines = [s.message for s in bad]
     if not absent:
@@ -215,7 +276,7 @@ def fetch(loaded: Loaded, root: Path, *, interpreter_bin: Optional[Path] = None,
     guard_secrets(spec, environ)
     lines: list[str] = []
     for name, w in sorted(spec.weight_dirs.items()):
-        states = check_weight(spec, name, w, root)
+        states = weight_states(spec, name, w, root)
         if all(s.ok for s in states):
             continue
         step = f"weights {spec.name}: fetch {name}"
@@ -235,6 +296,12 @@ def fetch(loaded: Loaded, root: Path, *, interpreter_bin: Optional[Path] = None,
         if result is not None:
             result.seconds = time.monotonic() - start
             return result
+        left = check_unpinned(spec, name, w, root) if _fetched_unpinned(w) else None
+        if left is not None and left.problem == "missing":
+            return StepResult(step, Verdict.FAILED, f"`{w.source}` exited 0 and left {left.path} empty: a download "
+                              "that swallowed its error", reason="weights_incomplete",
+                              lines=[f"fix: run `{w.source}` by hand with ${w.env or WEIGHT_DIR_VAR}={left.path} "
+                                     "and read what it says"], seconds=time.monotonic() - start)
         lines.append(f"fetched {name} with `{w.source}`")
     again = verify(loaded, root, progress)
     again.lines = lines + again.lines

@@ -176,7 +176,7 @@ def run_submit(args) -> int:
     results, facts = ([refusal], {"cluster": profile.name}) if refusal is not None else \
         slurm.run_job(job, slurm.render(job, slurm.node_cpu_limit(profile.partition)), progress=progress)
     if refusal is None:  # what the allocation's GPUs cannot hold, each SKIPPED with its reason
-        results += _plan(loaded.spec, opts, profile).skipped
+        results += _plan(loaded.spec, opts, profile).skipped + _docs_not_here(loaded.spec, only)
     result = overall(results, time.monotonic() - t0)
     if not args.no_ledger and refusal is None:
         from envport.report import ledger
@@ -199,6 +199,18 @@ def run_submit(args) -> int:
     print(f"{result.verdict.value}: {identity.name} witnesses ({args.target}) as {where} on cluster "
           f"{profile.name} in {result.seconds:.1f}s ({result.detail})")
     return result.data["exit_code"]
+
+
+def _docs_not_here(spec, only) -> list:
+    """The docs level is not run in a Slurm job: its commands may read the weights and the env's files
+    ($ENVPORT_ROOT), which a job does not stage. Said, not left out silently."""
+    from envport.core.verdict import StepResult, Verdict
+
+    if not spec.witnesses.docs or (only and "docs" not in only):
+        return []
+    return [StepResult("docs", Verdict.SKIPPED, f"{len(spec.witnesses.docs)} doc(s) not run in a Slurm job (the "
+                       "weights and $ENVPORT_ROOT are not staged on the nodes): envport witness "
+                       f"{spec.name} --target T --only docs runs them")]
 
 
 def _check_layout(args) -> int | None:

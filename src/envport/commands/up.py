@@ -42,6 +42,8 @@ def register(sub) -> None:
                    help="build (and then verify and witness) with every pip phase resolved at build time even "
                    "when specs/<name>.lock fits the spec, as `envport build --no-lock` does (another env, with "
                    "another hash). Without it a lock that does not fit is REFUSED at the build step")
+    p.add_argument("--rerun-docs", action="store_true",
+                   help="witness: run the docs level even where this env passed those docs' bytes before")
     p.add_argument("--json", action="store_true", help="print the steps as JSON")
     p.set_defaults(func=run)
 
@@ -62,7 +64,7 @@ def run(args) -> int:
     up = Up(loaded, site, root, identity, get(args.target), weights.weights_root(args.weights_root), ledger.record,
             host=args.host, site_name=args.site, remember=args.spec == loaded.spec.name and not args.no_lock,
             lock_refused=lock_refused, lock_fact=lock_fact, min_free_gb=args.min_free_gb,
-            deadline_s=args.deadline, progress=stderr_progress)
+            deadline_s=args.deadline, rerun_docs=args.rerun_docs, progress=stderr_progress)
     start = time.monotonic()
     results = run_up(up)
     code = exit_code(results)

@@ -16,10 +16,22 @@ def register(sub) -> None:
                        "`envport build` gives it on the site (--site, default local); the portable one "
                        "(images/, no site) is printed beside it and labelled as such.")
     add_spec_args(p)
-    p.add_argument("--site", default=None,
+    p.add_argument("--site", default=None, metavar="NAME|FILE",
                    help="the site profile whose build identity is printed (default: local, as `build`)")
     add_json_arg(p, "one step per valid spec")
     p.set_defaults(func=run)
+
+
+def _missing_docs(loaded) -> list[str]:
+    """A doc the spec names that is not there: the docs witness would fail on it, so say so now (a warning,
+    not an error: the env still builds)."""
+    out = []
+    for i, doc in enumerate(loaded.spec.witnesses.docs):
+        path = loaded.specs_dir / doc
+        if not path.is_file():
+            out.append(f"{loaded.path}: witnesses.docs[{i}]: {doc} does not exist (looked for {path}); the docs "
+                       "witness fails on it (fix: write it, or drop it from witnesses.docs)")
+    return out
 
 
 def run(args) -> int:
@@ -41,6 +53,7 @@ def run(args) -> int:
             f"portable, images/: {bare.ref}; `envport show {loaded.spec.name}` says why they differ"
         # Valid, but not reproducible (a git branch ref): said, never an error.
         warnings = [f"{loaded.path}: {where}: {msg}" for where, msg in requirement_warnings(loaded.spec)]
+        warnings += _missing_docs(loaded)
         for w in warnings if not args.json else ():
             print(f"WARNING  {w}", file=sys.stderr)
         results.append(StepResult(f"validate {loaded.spec.name}", Verdict.OK,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -21,9 +22,12 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "witness", help="run the spec's witnesses inside a built env (python, imports, CLI, kernel, "
-        "collectives, DTensor)",
+        "collectives, DTensor, docs)",
         description="Run the witness scripts (stdlib + torch only, mounted or run in place, never baked "
-        "into the env) inside a built env and print one verdict per check with its time. Appends the run "
+        "into the env) inside a built env and print one verdict per check with its time; last, the docs "
+        "level: each console transcript of the spec's witnesses.docs (or --docs FILE) run verbatim inside the "
+        "env, its output compared and every --flag checked against the program's --help, skipped in one line "
+        "where this env and doc passed before. Appends the run "
         "to this machine's ledger (`envport ledger NAME`). A spec that needs a GPU on a host without one exits 5.")
     p.add_argument("name", metavar="NAME|PATH", help="spec name (specs/<name>.yaml) or path")
     p.add_argument("--target", choices=TARGETS, required=True)
@@ -42,16 +46,36 @@ def register(sub) -> None:
                    "apptainer exec where installed, else ch-run on the SIF mounted with squashfuse. Outside a "
                    "project its embedded spec is used, and said so; one built from another version of "
                    "specs/NAME.yaml is named, with the changed fields")
-    p.add_argument("--site", default=None, help="site profile (default: local): names the docker image and SSH hosts")
+    p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile (default: local): names the docker image and SSH hosts")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: GPUs where the spec asks for them, else what the env has; cuda: require one")
     p.add_argument("--deadline", type=float, default=300.0,
                    help="seconds per witness script; a stuck group has every rank's stack dumped (default 300)")
+    p.add_argument("--docs", action="append", default=[], metavar="FILE.md",
+                   help="check this markdown doc's console transcripts inside the env instead of the spec's "
+                   "witnesses.docs (a doc under review; repeat for several)")
+    p.add_argument("--rerun-docs", action="store_true",
+                   help="run the docs level even where this env and doc passed before (the ledger)")
     add_embedded_spec_arg(p, "apptainer: run the witnesses in the SIF")
     add_no_lock_arg(p, "witness")
     p.add_argument("--no-ledger", action="store_true", help="do not append this run to the ledger")
+    p.add_argument("--junit", default=None, metavar="FILE",
+                   help="also write the verdict rows as JUnit XML (one testcase per check and per doc)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
+
+
+def _weights_fixes_for(name: str, sif: str):
+    """A result's `envport weights verify|fetch NAME` fixes with `--sif SIF` added: run with the spec a SIF
+    embeds (no project), the fix must name the file, or it exits 2 "no specs/ directory" (issue 37, U6)."""
+    import dataclasses
+    import shlex
+
+    def fixed(r: StepResult) -> StepResult:
+        lines = [re.sub(rf"(envport weights (?:verify|fetch) {re.escape(name)})(?![\w-])",
+                        lambda m: f"{m.group(1)} --sif {shlex.quote(sif)}", ln) for ln in r.lines]
+        return r if lines == r.lines else dataclasses.replace(r, lines=lines)
+    return fixed
 
 
 def _table_row(r: StepResult) -> str:
@@ -85,18 +109,26 @@ def run(args) -> int:
     differs = spec_facts["sif_difference"]
     # What ran is the SIF as built: recorded under its own hash, the spec's beside it.
     hash_ = differs["sif_hash"] if differs else identity.hash
+    opts.docs = _docs(args, loaded, site, hash_)
 
     out = sys.stdout
+    fixed = _weights_fixes_for(spec.name, args.sif) if loaded.embedded_in is not None else (lambda r: r)
     if not args.json:
         print(f"envport witness {identity.ref} --target {args.target} ({launcher.describe()})", file=out)
         if note:
             print(note, file=out)
         print(f"{'VERDICT':<8} {'TIME':>8}  {'CHECK':<28} DETAIL", file=out)
-        opts.on_step = lambda r: _print_step(r, out)
+        opts.on_step = lambda r: _print_step(fixed(r), out)
         opts.on_start = lambda call: print(f"  ... {call.label}: {', '.join(call.checks)}", file=sys.stderr,
                                            flush=True)
     t0 = time.monotonic()
-    result = overall(run_witnesses(spec, launcher, opts), time.monotonic() - t0)
+    steps = [fixed(r) for r in run_witnesses(spec, launcher, opts)]
+    result = overall(steps, time.monotonic() - t0)
+    if args.junit:
+        from envport.core.files import write_atomic
+        from envport.report.witness_junit import junit_xml
+
+        write_atomic(args.junit, junit_xml(spec.name, args.target, steps))
     if not args.no_ledger:
         from envport.report import ledger
 
@@ -105,7 +137,7 @@ def run(args) -> int:
                       **({"spec_hash": identity.hash} if differs else {}),
                       spec_source=spec_facts["spec_source"],
                       options={"only": only, "world_size": args.world_size, "device": args.device,
-                               "deadline": args.deadline})
+                               "deadline": args.deadline, "docs": args.docs, "rerun_docs": args.rerun_docs})
     if args.json:
         json.dump({"command": "witness", "exit_code": result.data["exit_code"], "steps": result.data["steps"],
                    "problems": [], "env": spec.name, "hash": identity.hash, "target": args.target,
@@ -116,6 +148,14 @@ def run(args) -> int:
         print(f"{result.verdict.value}: {spec.name} witnesses on {args.target} in {result.seconds:.1f}s "
               f"({result.detail})", file=out)
     return result.data["exit_code"]
+
+
+def _docs(args, loaded, site, hash_: str) -> list:
+    """The docs level's docs, each marked where this env and doc passed before (not run again)."""
+    from envport.flow.docs_level import docs_to_check
+
+    return docs_to_check(loaded, loaded.root, target=args.target, hash_=hash_, paths=args.docs,
+                         rerun=args.rerun_docs, ssh_host=args.host, ledger_dir=getattr(site, "ledger_dir", None))
 
 
 def _print_step(r: StepResult, out) -> None:

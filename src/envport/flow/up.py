@@ -1,5 +1,8 @@
 """`envport up` as typed steps: preflight -> build -> weights -> verify -> witness over one target (seed 002).
 
+The witness step ends with the docs level (seed 004's third: the env's own docs run verbatim inside it),
+so `up` calls an env ready only once its docs hold; a doc that passed on this very env is not re-run.
+
 Each step is a StepResult; the run stops at the first that is not ok and a
 re-run continues from there (every step checks before it acts). A FAILED
 step's log tail is matched against the diagnosis table so its verdict names
@@ -39,6 +42,7 @@ class Up:
     lock_fact: str = "none"
     min_free_gb: Optional[float] = None
     deadline_s: float = 300.0
+    rerun_docs: bool = False  # run the docs level even where this env and doc passed before
     progress: Progress = quiet
 
     def recorded(self, kind: str, result: StepResult, **facts) -> None:
@@ -153,7 +157,11 @@ def witness(up: Up) -> StepResult:
     if not up.target.supports(WITNESS):
         # up goes on past a step the target cannot do (the env is still proved by verify): skipped, with why.
         return up.target.refuse(WITNESS).result("witness", Verdict.SKIPPED)
+    from envport.flow.docs_level import docs_to_check
+
     opts = WitnessOptions(deadline_s=up.deadline_s, weights=True)
+    opts.docs = docs_to_check(up.loaded, up.root, target=up.target.name, hash_=up.identity.hash,
+                              rerun=up.rerun_docs, ssh_host=up.host, ledger_dir=getattr(up.site, "ledger_dir", None))
     launcher, facts = launcher_for(up.target, up.loaded, up.site, up.identity, opts, host=up.host)
     opts.on_step = lambda r: up.progress(f"envport: [witness] {r.line()}")
     t0 = time.monotonic()
@@ -164,7 +172,7 @@ def witness(up: Up) -> StepResult:
     # The failing checks' own tails: what the diagnosis table reads.
     r.lines = [ln for s in steps if not s.verdict.ok for ln in [f"{s.step}: {s.detail}", *s.lines]]
     weight_steps = [s for s in steps if s.step.startswith("weight ")]
-    r.data = {"witness_checks": len(steps),
+    r.data = {"witness_checks": len(steps), "docs": [s.to_dict() for s in steps if s.step.startswith("docs ")],
               "weights": [{"step": s.step, "detail": s.detail, **s.data} for s in weight_steps],
               "launcher": launcher.describe()}
     return r

@@ -184,6 +184,22 @@ def previous_build(records: list[dict], target: str, *, ssh_host: Optional[str] 
     return None
 
 
+def doc_passes(records: list[dict], *, target: str, hash_: str, ssh_host: Optional[str] = None) -> dict[str, str]:
+    """doc sha256 -> when a witness run of TARGET (on SSH_HOST; None: this machine) on env HASH_ last ran that
+    doc and it passed: the docs level is re-run only when the env or the doc changed (seed 004)."""
+    out: dict[str, str] = {}
+    for rec in records:
+        if rec.get("kind") != "witness" or rec.get("target") != target or rec.get("hash") != hash_:
+            continue
+        if (rec.get("ssh_host") or None) != ssh_host:
+            continue
+        for step in rec.get("steps") or []:
+            data = step.get("data") if isinstance(step, dict) else None
+            if isinstance(data, dict) and data.get("doc_sha256") and step.get("verdict") == "OK":
+                out[str(data["doc_sha256"])] = str(rec.get("when") or "?")
+    return out
+
+
 def _resolves(target: str, rec: dict) -> str:
     if rec.get("image"):
         return f"{target}: image {rec['image']}"
@@ -229,6 +245,7 @@ def render_doc(name: str, records: list[dict]) -> str:
                          f" at {latest.get('host', '?')}: {latest.get('summary', 'OK')})")
         else:
             lines.append("validated: never")
+        lines += _docs_lines(checks)
         failed = [r for r in checks if r.get("verdict") not in ("OK", "present")]
         if failed:
             f = failed[-1]
@@ -240,6 +257,19 @@ def render_doc(name: str, records: list[dict]) -> str:
                          f"{g.get('symptom', '')} [{g.get('diagnosis')}] -> {g.get('fix', '')}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _docs_lines(checks: list[dict]) -> list[str]:
+    """Per doc of the docs level (seed 004's third level), how its latest real run on this env ended; a
+    `present` row (unchanged since a pass) is not a run and does not move the date."""
+    latest: dict[str, tuple[str, dict]] = {}
+    for rec in checks:
+        for step in rec.get("steps") or []:
+            data = step.get("data") if isinstance(step, dict) else None
+            if isinstance(data, dict) and data.get("doc") and step.get("verdict") in ("OK", "FAILED"):
+                latest[str(data["doc"])] = (str(step["verdict"]), rec)
+    return [f"docs: {doc} {verdict} {rec.get('when', '?')[:10]} on {rec.get('target', '?')}"
+            for doc, (verdict, rec) in sorted(latest.items())]
 
 
 def write_doc(root: Path, name: str, records: list[dict]) -> Path:

@@ -378,7 +378,9 @@ class Witnesses(Model):
     kernel: StrictBool = False
     collectives: Optional[Collectives] = None
     dtensor: Optional[DTensorCheck] = None
-
+    # The third validation level: docs whose `console` transcripts run verbatim inside the env.
+    docs: list[ShimSource] = Field(default=[], description="markdown files under specs/ (e.g. "
+                                   "files/NAME/USAGE.md) whose console transcripts run inside the env")
 
 
 class Resources(Model):

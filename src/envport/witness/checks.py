@@ -3,7 +3,7 @@ the CLI's --help lists them)."""
 
 from __future__ import annotations
 
-CHECKS = ("python", "imports", "cli", "weights", "kernel", "collectives", "dtensor")
+CHECKS = ("python", "imports", "cli", "weights", "kernel", "collectives", "dtensor", "docs")
 
 
 def parse_checks(values: list[str], flag: str) -> list[str]:

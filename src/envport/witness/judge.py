@@ -54,6 +54,10 @@ def call_results(spec: Spec, call: WitnessCall, launched) -> list[StepResult]:
         return _basic_results(spec, call, records, launched)
     if call.script == "kernel.py":
         return _kernel_results(spec, call, records, launched)
+    if call.script == "docs.py":
+        from envport.witness.doc_check import judge
+
+        return judge(call.docs, records, why_missing(launched, call.deadline_s + LAUNCH_MARGIN_S))
     return _dist_results(call, records, launched)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.gpu import GpuCensus
@@ -39,6 +39,10 @@ class WitnessOptions:
     on_line: Optional[Callable[[str], None]] = None  # every output line, for progress
     on_step: Optional[Callable[[StepResult], None]] = None  # each result as it is known
     on_start: Optional[Callable[["WitnessCall"], None]] = None  # before each witness script starts
+    # The docs level (witness/doc_sources.Doc, read by the caller: plan reads no files). None: this caller does
+    # not read docs, so a spec's `witnesses.docs` is not checked here (`envport witness` and `up` read them).
+    docs: Optional[list] = None
+    exclude: Sequence[str] = ()  # checks left out (`up` runs the docs level as its own last step)
 
 
 @dataclass
@@ -51,6 +55,7 @@ class WitnessCall:
     world: int = 0
     mesh: list[int] = field(default_factory=list)
     backend: str = ""  # dist.py: "gloo" (CPU) or "nccl" (one rank a GPU)
+    docs: Any = None  # docs.py: the doc_check.DocJobs its records are judged against
 
     def step_name(self, check: str) -> str:
         """The step a check of this call reports as; NCCL runs say so, gloo keeps the plain name."""
@@ -77,7 +82,7 @@ def requires_gpu(spec: Spec, opts: WitnessOptions) -> bool:
 
 
 def _wanted(check: str, opts: WitnessOptions) -> bool:
-    return not opts.only or check in opts.only
+    return (not opts.only or check in opts.only) and check not in opts.exclude
 
 
 def declared(spec: Spec, check: str, opts: WitnessOptions) -> bool:
@@ -85,7 +90,8 @@ def declared(spec: Spec, check: str, opts: WitnessOptions) -> bool:
     w = spec.witnesses
     return {"python": True, "imports": bool(w.imports), "cli": bool(w.cli),
             "weights": any(wd.files for wd in spec.weight_dirs.values()), "kernel": bool(w.kernel),
-            "collectives": bool(w.collectives or opts.world_size), "dtensor": bool(w.dtensor)}[check]
+            "collectives": bool(w.collectives or opts.world_size), "dtensor": bool(w.dtensor),
+            "docs": bool(w.docs or opts.docs)}[check]
 
 
 def not_asked(spec: Spec, opts: WitnessOptions) -> list[StepResult]:
@@ -133,7 +139,10 @@ def plan_witnesses(spec: Spec, opts: WitnessOptions, census: Optional[GpuCensus]
     _plan_collectives(spec, opts, groups)
     _plan_dtensor(spec, opts, groups)
     calls = [c for c in (_basic_call(spec, opts), _kernel_call(spec, opts, gpus, census)) if c is not None]
-    return WitnessPlan(calls + groups.calls(opts), not_asked(spec, opts) + groups.skipped, gpus)
+    docs_call, docs_rows = _docs_call(spec, opts)
+    # The docs level last (seed 004): following the doc proves most, and needs the rest to stand first.
+    calls += groups.calls(opts) + ([docs_call] if docs_call else [])
+    return WitnessPlan(calls, not_asked(spec, opts) + groups.skipped + docs_rows, gpus)
 
 
 def _basic_call(spec: Spec, opts: WitnessOptions) -> Optional[WitnessCall]:
@@ -168,6 +177,21 @@ def _kernel_call(spec: Spec, opts: WitnessOptions, gpus: int, census: Optional[G
         return None
     device = "cuda" if gpus else ("cpu" if opts.device == "cpu" or census is not None else opts.device)
     return WitnessCall("kernel.py", ["--device", device], ["kernel"], opts.deadline_s, "kernel")
+
+
+def _docs_call(spec: Spec, opts: WitnessOptions) -> tuple[Optional[WitnessCall], list[StepResult]]:
+    """One docs.py call for every doc to run, and the rows of those not run (unreadable, unchanged since a pass)."""
+    from envport.witness.doc_check import not_run, plan_jobs
+
+    if not (_wanted("docs", opts) and opts.docs):
+        return None, []
+    rows = [r for r in (not_run(d) for d in opts.docs) if r is not None]
+    fresh = [d for d in opts.docs if not_run(d) is None]
+    if not fresh:
+        return None, rows
+    jobs = plan_jobs(fresh)
+    deadline = opts.check_timeout_s * (1 + len(jobs.jobs))
+    return WitnessCall("docs.py", jobs.args(opts.check_timeout_s), ["docs"], deadline, "docs", docs=jobs), rows
 
 
 def _dist_call(backend: str, world: int, mesh: Optional[list[int]] = None) -> WitnessCall:
