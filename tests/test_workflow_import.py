@@ -20,17 +20,22 @@ def _hint(stdout: str) -> list[str]:
     return shlex.split(m.group(1))
 
 
-def test_following_the_import_hint_leaves_no_workflow_drift(project, tmp_path):
-    shutil.copytree(REPO / ".github", project / ".github")
-    baseline = run_envport("render", "--all", root=project, timeout=300)  # whatever the checkout holds, in step
-    assert baseline.returncode == 0, fail_with(baseline, "envport render --all")
+def _imported(project, tmp_path) -> tuple[str, list[str]]:
+    """A requirements file imported as a new spec: (its name, the hint the import printed, as argv)."""
     name = unique("imp")
     req = tmp_path / "requirements.txt"
     req.write_text("six==1.16.0\n")
     proc = run_envport("import", str(req), "--name", name, "--base", "envport/debian-bookworm:base",
                        "--python", "3.11", root=project, timeout=120)
     assert proc.returncode == 0, fail_with(proc, "envport import")
-    hint = _hint(proc.stdout)
+    return name, _hint(proc.stdout)
+
+
+def test_following_the_import_hint_leaves_no_workflow_drift(project, tmp_path):
+    shutil.copytree(REPO / ".github", project / ".github")
+    baseline = run_envport("render", "--all", root=project, timeout=300)  # whatever the checkout holds, in step
+    assert baseline.returncode == 0, fail_with(baseline, "envport render --all")
+    name, hint = _imported(project, tmp_path)
     assert hint[:2] == ["envport", "render"], hint
     followed = run_envport(*hint[1:], root=project, timeout=300)
     assert followed.returncode == 0, fail_with(followed, " ".join(hint))
@@ -40,10 +45,5 @@ def test_following_the_import_hint_leaves_no_workflow_drift(project, tmp_path):
 
 
 def test_without_a_workflow_the_hint_renders_the_one_spec(project, tmp_path):
-    name = unique("imp")
-    req = tmp_path / "requirements.txt"
-    req.write_text("six==1.16.0\n")
-    proc = run_envport("import", str(req), "--name", name, "--base", "envport/debian-bookworm:base",
-                       "--python", "3.11", root=project, timeout=120)
-    assert proc.returncode == 0, fail_with(proc, "envport import")
-    assert _hint(proc.stdout) == ["envport", "render", name]
+    name, hint = _imported(project, tmp_path)
+    assert hint == ["envport", "render", name]

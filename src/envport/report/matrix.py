@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 from xml.etree import ElementTree as ET
 
+from envport.report.junit import failure, finished, step_case
 from envport.targets.base import Need, NeedsRequest
 from envport.targets.needs import Probes, base_of, gpu_need, no_host_need, preflight_context
 from envport.targets.registry import matrix_rows, row_target, ssh_rows
@@ -166,7 +167,7 @@ def junit_xml(runs: list[PairRun]) -> bytes:
             counts["tests"] += 1
             s = steps.get(step)
             if s is None and broke:
-                _failure(case, "REFUSED" if run.verdict == "REFUSED" else "FAILED",
+                failure(case, "REFUSED" if run.verdict == "REFUSED" else "FAILED",
                          f"the run ended before this step reported: {run.detail}", run.lines)
                 counts["failures"] += 1
                 broke = False  # the steps after it were never reached: skipped
@@ -176,34 +177,10 @@ def junit_xml(runs: list[PairRun]) -> bytes:
                 counts["skipped"] += 1
             else:
                 total += float(s.get("seconds") or 0)
-                kind = _step_case(case, s)
+                kind = step_case(case, s)
                 if kind:
                     counts[kind] += 1
-    for k, v in counts.items():
-        suite.set(k, str(v))
-    suite.set("errors", "0")
-    suite.set("time", f"{total:.3f}")
-    ET.indent(suite)
-    return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
-
-
-def _failure(case, kind: str, message: str, lines: list[str]) -> None:
-    ET.SubElement(case, "failure", type=kind, message=message[:2000]).text = "\n".join(lines)
-
-
-def _step_case(case, s: dict) -> str:
-    """One reported step's case; returns the count it adds to beside "tests" ("" when it passed)."""
-    case.set("time", f"{float(s.get('seconds') or 0):.3f}")
-    verdict = s.get("verdict")
-    message = s.get("detail", "") + (f" [{s['reason']}]" if s.get("reason") else "")
-    if verdict in ("FAILED", "REFUSED"):
-        _failure(case, verdict, message, s.get("lines") or [])
-        return "failures"
-    if verdict == "skipped":
-        ET.SubElement(case, "skipped", message=message[:2000] or "skipped")
-        return "skipped"
-    ET.SubElement(case, "system-out").text = f"{verdict}: {message}"
-    return ""
+    return finished(suite, counts, total)
 
 
 def human_size(n: Optional[int]) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Sequence
 from xml.etree import ElementTree as ET
 
-from envport.core.verdict import StepResult, Verdict
+from envport.core.verdict import StepResult
+from envport.report.junit import finished, step_case
 
 
 def junit_xml(env: str, target: str, results: Sequence[StepResult]) -> bytes:
@@ -14,21 +15,9 @@ def junit_xml(env: str, target: str, results: Sequence[StepResult]) -> bytes:
     suite = ET.Element("testsuite", name=f"envport-witness.{env}.{target}")
     counts = {"tests": 0, "failures": 0, "skipped": 0}
     for r in results:
-        case = ET.SubElement(suite, "testcase", classname=f"witness.{env}.{target}", name=r.step,
-                             time=f"{r.seconds:.3f}")
+        case = ET.SubElement(suite, "testcase", classname=f"witness.{env}.{target}", name=r.step)
         counts["tests"] += 1
-        message = r.detail + (f" [{r.reason}]" if r.reason else "")
-        if r.verdict in (Verdict.FAILED, Verdict.REFUSED):
-            ET.SubElement(case, "failure", type=r.verdict.value, message=message[:2000]).text = "\n".join(r.lines)
-            counts["failures"] += 1
-        elif r.verdict is Verdict.SKIPPED:
-            ET.SubElement(case, "skipped", message=message[:2000] or "skipped")
-            counts["skipped"] += 1
-        else:
-            ET.SubElement(case, "system-out").text = f"{r.verdict.value}: {message}"
-    for k, v in counts.items():
-        suite.set(k, str(v))
-    suite.set("errors", "0")
-    suite.set("time", f"{sum(r.seconds for r in results):.3f}")
-    ET.indent(suite)
-    return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+        kind = step_case(case, r.to_dict())
+        if kind:
+            counts[kind] += 1
+    return finished(suite, counts, sum(r.seconds for r in results))
