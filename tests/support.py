@@ -95,6 +95,12 @@ def run_envport(*args: str, root: Path, env: dict | None = None, timeout: float 
     return proc
 
 
+def proven(step: dict) -> bool:
+    """A witness row that holds: OK, or a docs row `present` (this env passed the same doc before, as the
+    ledger of this run's state dir, or a kept test user's, says)."""
+    return step["verdict"] == "OK" or (step["step"].startswith("docs ") and step["verdict"] == "present")
+
+
 def as_json(proc: subprocess.CompletedProcess) -> dict:
     try:
         return json.loads(proc.stdout)

@@ -204,3 +204,26 @@ def test_install_from_the_registry_with_a_shpc_entry(registry, small_project, sm
     assert [s["verdict"] for s in as_json(again)["steps"]] == ["present", "present"], again.stdout
     local = run_envport("module", "install", str(signed), "--modulepath", str(mp), "--shpc", str(shpc), root=admin)
     assert local.returncode == 2 and "oras://HOST/REPO:TAG" in local.stderr, local.stderr
+
+
+@pytest.mark.timeout(1800)
+def test_the_wrapper_runs_under_srun(slurm, tiny_sif: BuiltSif, tmp_path: Path):
+    """A user's batch step: `module load` then the wrapper, as a Slurm task on the CI's one-node cluster (a
+    script, not an alias, so it survives srun). The modulepath lies under /var/tmp, where the node sees it."""
+    import secrets
+
+    mp = Path("/var/tmp") / f"envport-modules-{secrets.token_hex(6)}"
+    try:
+        proc = run_envport("module", "install", str(_copy(tiny_sif, tmp_path)), "--modulepath", str(mp),
+                           root=tmp_path, timeout=600)
+        assert proc.returncode == 0, fail_with(proc, "module install")
+        if not LMOD_INIT.is_file():
+            missing("Lmod not installed: apt-get install lmod")
+        script = (f"source {LMOD_INIT}; module use {mp}; module load tiny-sif; "
+                  "python -c 'import six, os; print(six.__version__, os.environ[\"SLURM_PROCID\"])'")
+        ran = subprocess.run(["srun", "--ntasks=1", "--time=00:05:00", "bash", "-c", script], capture_output=True,
+                             text=True, timeout=600, cwd=tmp_path)
+        assert ran.returncode == 0, fail_with(ran, "srun: module load; python")
+        assert ran.stdout.split()[-2:] == ["1.16.0", "0"], ran.stdout
+    finally:
+        shutil.rmtree(mp, ignore_errors=True)

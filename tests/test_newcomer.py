@@ -23,8 +23,10 @@ def _fixes(text: str) -> list[str]:
 
 
 def test_render_one_then_check_all_gives_one_fix(project):
-    # The project keeps the generated workflow, as the checkout does.
-    run_envport("matrix", "--format", "github", root=project, timeout=120, check=True)
+    # The project keeps the generated workflow, as the checkout does. Exit 3: the pairs a hosted runner cannot
+    # pass are left out of it, each named with its reason ([lock_source], [unreachable_host]).
+    kept = run_envport("matrix", "--format", "github", root=project, timeout=120)
+    assert kept.returncode in (0, 3) and "OK       .github/workflows/envs.yml" in kept.stdout, kept.stdout + kept.stderr
     name = unique("newcomer")
     write_spec(project, name)
     run_envport("render", name, root=project, timeout=120, check=True)

@@ -25,6 +25,7 @@ import pytest
 
 from .sif_fixtures import build_sif, require_sif_tools
 from .support import copy_project, missing, run_envport, write_site, write_spec
+from .registry_fixture import registry  # noqa: F401
 from .test_podman import user_venv  # noqa: F401
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -66,12 +67,13 @@ def shared(small):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def as_nobody_without_fuse(venv: Path, work: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`envport ARGV` as uid 65534 in WORK, in a /dev without fuse (bwrap --dev), with a login-like env."""
+def as_nobody_without_fuse(venv: Path, work: Path, *argv: str, program: str = "envport") -> subprocess.CompletedProcess:
+    """`envport ARGV` (or PROGRAM ARGV) as uid 65534 in WORK, in a /dev without fuse (bwrap --dev), with a
+    login-like env."""
     env = ["env", "-i", f"HOME={work}", "USER=nobody", f"PATH={venv}/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            f"TMPDIR={work}"]
     return subprocess.run([*NOBODY, *env, "bwrap", "--dev-bind", "/", "/", "--dev", "/dev", "--",
-                           "envport", *argv], cwd=work, capture_output=True, text=True, timeout=600)
+                           program, *argv], cwd=work, capture_output=True, text=True, timeout=600)
 
 
 def _leftovers(work: Path) -> list[str]:
@@ -158,3 +160,73 @@ def test_an_extraction_is_bounded_by_the_judged_partition(small, tmp_path):
     with SifFile.open(copy) as sif, pytest.raises(MountError, match="more than its partition"):
         _extract(sif, part.offset, part.size, dest)
     assert list(dest.iterdir()) == []
+
+
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+def test_the_admins_day_end_to_end_as_another_user(user_venv, small, registry, tmp_path):
+    """Issue 37's admin's day, as uid 65534 without FUSE in a folder holding only a public key and a site file:
+    pull from the CI registry (signature verified) -> inspect (content verdict from the spec and pins the SIF
+    embeds, signer named) -> witness -> module install -> `module load` with the real Lmod -> the wrapper's
+    output; under require_signed the unsigned variant is refused by pull before it gets its name and by witness
+    before anything is mounted. Host changes, said so: a folder under /var/tmp (removed) and the registry
+    repository this test pushes to (a fresh name)."""
+    from .registry_fixture import REGISTRY_DIR
+    from .support import unique
+    from .test_sif_sign import new_key
+
+    if not LMOD_INIT.is_file():
+        missing("Lmod not installed: apt-get install lmod")
+    priv, pub = new_key(tmp_path, "ed25519")
+    signed = tmp_path / small.path.name
+    shutil.copyfile(small.path, signed)
+    run_envport("sign", str(signed), "--key", str(priv), root=small.root, timeout=300, check=True)
+    write_site(small.root, "push-reg", registry_ca=str(REGISTRY_DIR / "ca.crt"))
+    repo = f"envport/{unique('day')}"
+    for sif, tag in ((signed, "signed"), (small.path, "unsigned")):
+        run_envport("push", NAME, "--site", "push-reg", "--sif", str(sif), "--to", registry.url(repo, tag),
+                    root=small.root, timeout=300, check=True)
+    folder = Path("/var/tmp") / f"envport-day-{secrets.token_hex(6)}"
+    folder.mkdir(mode=0o755)
+    try:
+        os.chown(folder, 65534, 65534)
+        os.chmod(folder, 0o700)
+        shutil.copyfile(pub, folder / "builder.pub.pem")
+        (folder / "cluster.yaml").write_text(json.dumps({
+            "name": "cluster", "registry_ca": str(REGISTRY_DIR / "ca.crt"),
+            "trust": {"keys": ["builder.pub.pem"], "require_signed": True}}))
+        for p in (folder / "builder.pub.pem", folder / "cluster.yaml"):
+            os.chown(p, 65534, 65534)
+
+        def day(*argv: str) -> subprocess.CompletedProcess:
+            return as_nobody_without_fuse(user_venv, folder, *argv)
+
+        site = ["--site", "cluster.yaml"]
+        pulled = day("pull", registry.url(repo, "signed"), "-o", "sifs", *site, "--json")
+        assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+        sif = json.loads(pulled.stdout)["steps"][0]["data"]["path"]
+        inspected = day("inspect", sif, *site, "--json")
+        steps = json.loads(inspected.stdout)["steps"]
+        assert inspected.returncode == 0 and "matches the spec it embeds" in steps[0]["detail"], steps
+        assert steps[1]["verdict"] == "OK", steps[1]  # the signatures, checked against the site's key
+        witnessed = day("witness", NAME, "--target", "apptainer", "--sif", sif, *site, "--json")
+        rows = json.loads(witnessed.stdout)["steps"]
+        assert witnessed.returncode == 0 and "import six" in {r["step"] for r in rows}, rows
+        installed = day("module", "install", sif, "--modulepath", "modules", *site, "--json")
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        assert "verified: " in json.loads(installed.stdout)["steps"][0]["data"]["signer"]
+        loaded = as_nobody_without_fuse(user_venv, folder, "-c", f"source {LMOD_INIT}; module use {folder}/modules; "
+                                        f"module load {NAME}; python -c 'import six; print(six.__version__)'",
+                                        program="bash")
+        assert loaded.returncode == 0 and loaded.stdout.strip().splitlines()[-1] == "1.16.0", loaded.stderr[-2000:]
+        refused = day("pull", registry.url(repo, "unsigned"), "-o", "sifs", *site, "--json")
+        assert refused.returncode == 3 and json.loads(refused.stdout)["steps"][0]["reason"] == "unsigned"
+        assert sorted(os.listdir(folder / "sifs")) == [Path(sif).name]  # nothing under the unsigned one's name
+        shutil.copyfile(small.path, folder / "unsigned.sif")
+        os.chown(folder / "unsigned.sif", 65534, 65534)
+        ran = day("witness", NAME, "--target", "apptainer", "--sif", "unsigned.sif", *site)
+        assert ran.returncode == 3 and "[unsigned]" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
+        assert "extracting" not in ran.stderr  # refused before any byte was mounted or extracted
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from .sif_fixtures import BuiltSif, sif_env
-from .support import ENV_NAME, as_json, begun_job, fail_with, run_envport, wait_until
+from .support import ENV_NAME, as_json, begun_job, fail_with, proven, run_envport, wait_until
 
 pytest_plugins = ["tests.sif_fixtures"]
 
@@ -87,7 +87,9 @@ def test_every_witness_passes_inside_the_sif(demo_sif: BuiltSif, tmpdir_env):
     steps = {s["step"]: s["verdict"] for s in out["steps"]}
     for name in ("python", "import torch", "kernel", "collectives (world 2)", "dtensor (mesh 2x2)"):
         assert steps.get(name) == "OK", steps
-    assert any(s.startswith("cli ") for s in steps) and set(steps.values()) == {"OK"}, steps
+    # The docs level is `present` where this env passed the same doc earlier in the run (the ledger says so).
+    assert any(s.startswith("cli ") for s in steps), steps
+    assert all(proven({"step": k, "verdict": v}) for k, v in steps.items()), steps
     # demo-cpu's pinned weight, read through its variable from the read-only bind at the spec's path.
     weight = next((s for s in out["steps"] if s["step"] == "weight tiny"), None)
     assert weight and weight["data"]["read_only"] is True and "$DEMO_WEIGHTS=/weights/tiny" in weight["detail"], \

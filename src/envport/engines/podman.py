@@ -81,8 +81,10 @@ def single_uid_fix(user: str) -> str:
             f"as {user}")
 
 
-def problem(step: str) -> Optional[StepResult]:
-    """None when podman answers with a usable id mapping, else the REFUSED result naming the fix."""
+def problem(step: str, starts: bool = True) -> Optional[StepResult]:
+    """None when podman answers with a usable id mapping (and, with STARTS, can start a container: build, verify,
+    witness, parity and the matrix need that; gc and push only read and write its storage), else the REFUSED
+    result naming the fix."""
     data, why = info()
     if data is None:
         missing = why.endswith("not found")
@@ -96,7 +98,7 @@ def problem(step: str) -> Optional[StepResult]:
                           f"rootless podman maps only one uid for {user} (no range in /etc/subuid, "
                           f"/etc/subgid): no Debian image can be stored; {single_uid_fix(user)}",
                           reason="podman_single_uid")
-    why = cannot_start(podman(), tuple(sorted(cli_env().items())))
+    why = cannot_start(podman(), tuple(sorted(cli_env().items()))) if starts else ""
     if why:
         fix = ("run envport as an unprivileged user with a subordinate id range (rootless podman)" if not rootless
                else "run `podman run --rm --rootfs DIR true` as this user to see why")

@@ -172,7 +172,7 @@ class Podman(Target):
 
         from envport.targets.push import ImageEngine, push_image
 
-        refused = _engine().problem(f"push {req.identity.image_tag}")
+        refused = _engine().problem(f"push {req.identity.image_tag}", starts=False)
         if refused is not None:
             return refused
         with tempfile.TemporaryDirectory(prefix="envport-push-") as tmp:
@@ -189,7 +189,7 @@ class Podman(Target):
         from envport.targets import sbom
 
         step = f"sbom {req.identity.image_tag} (podman)"
-        refused = _engine().problem(step)
+        refused = _engine().problem(step, starts=False)  # the image's files are exported, nothing is started
         if refused is not None:
             return refused, None
         img = _engine().image(req.identity.image_tag)
@@ -210,7 +210,7 @@ class Podman(Target):
 
         cache = req.cache.setdefault(self.name, {})
         if "refused" not in cache:
-            cache["refused"] = _engine().problem("gc podman")
+            cache["refused"] = _engine().problem("gc podman", starts=False)
         if cache["refused"] is not None:
             raise Unavailable(cache["refused"])
         images = _engine().repo_images(f"envport/{req.name}", cache)
