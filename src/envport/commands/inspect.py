@@ -83,16 +83,12 @@ def run(args) -> int:
 def _signatures(args, source):
     """(StepResult, SignatureReport): the signatures judged against --key and the site's trust.keys by
     sif/gate.py `judge_trust`, the judgement `envport pull` makes of the same file with the same keys."""
-    from envport.commands._common import project_root
-    from envport.core.errors import EnvportError
+    from envport.commands._common import root_or_here
     from envport.plan.site import load_site
     from envport.sif.gate import load_trust_keys
 
-    try:
-        root = project_root(args)
-    except EnvportError:
-        root = Path.cwd()  # an admin inspecting outside any project: the local site's defaults
-    return verify_step(source, load_trust_keys(args.key, load_site(args.site, root).trust_keys()), [])
+    # Outside any project (an admin's folder): the local site's defaults.
+    return verify_step(source, load_trust_keys(args.key, load_site(args.site, root_or_here(args)).trust_keys()), [])
 
 
 def _compare(args, report):

@@ -96,7 +96,7 @@ def _judged(path: Path, keys: list) -> str:
 def run(args) -> int:
     import sys
 
-    from envport.commands._common import project_root
+    from envport.commands._common import root_or_here
     from envport.core.errors import EnvportError
     from envport.core.proc import sigterm_interrupts
     from envport.core.progress import transfer_progress
@@ -112,11 +112,7 @@ def run(args) -> int:
     if not ref.tag:
         raise EnvportError(f"{args.ref!r}: name the tag (oras://HOST/REPO:TAG; `envport push` tags with the "
                            "env's hash12)")
-    try:
-        root = project_root(args)
-    except EnvportError:
-        root = Path.cwd()  # an admin pulling outside any project: the local site's defaults
-    site = load_site(args.site, root)
+    site = load_site(args.site, root_or_here(args))  # outside any project: the local site's defaults
     check, found = trust_checks(site, args.key)
     step = f"pull {ref}"
     start = time.monotonic()

@@ -143,10 +143,8 @@ def judged(report) -> StepResult:
 
 def embedded_pins(doc: dict, spec) -> tuple[dict[str, str], bool]:
     """({canonical name: version} the image must hold, whether that is a whole lock): the embedded lock's
-    phases (a later phase winning), else the spec's `==` pins (last phase naming one wins)."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    from envport.spec.model import canonical_name
+    phases (a later phase winning), else the spec's `==` pins (spec/model.last_pins)."""
+    from envport.spec.model import canonical_name, last_pins
 
     want: dict[str, str] = {}
     lock = doc.get("lock")
@@ -156,16 +154,7 @@ def embedded_pins(doc: dict, spec) -> tuple[dict[str, str], bool]:
                 if isinstance(dist, list) and len(dist) >= 2 and all(isinstance(x, str) for x in dist[:2]):
                     want[canonical_name(dist[0])] = dist[1]
         return want, True
-    for phase in spec.pip_phases:
-        for req in phase.packages:
-            try:
-                parsed = Requirement(req)
-            except InvalidRequirement:
-                continue
-            pins = [s.version for s in parsed.specifier if s.operator == "=="]
-            if len(pins) == 1:
-                want[canonical_name(parsed.name)] = pins[0]
-    return want, False
+    return last_pins(spec), False
 
 
 def difference(sif: Path, loaded: Loaded, spec_hash: str) -> Optional[dict]:
