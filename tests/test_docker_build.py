@@ -65,6 +65,7 @@ def test_second_build_is_present_without_an_engine_build(demo_image, docker_clie
     assert [s["verdict"] for s in out["steps"]] == ["present"], out
     assert out["steps"][0]["step"] == f"image {demo_image.tag}"
     assert "building" not in proc.stderr and "[docker] step" not in proc.stderr
+    assert "SBOM" not in proc.stderr  # the SBOM it carries is not read or made again
     assert docker_client.images.get(demo_image.tag).id == before
     assert len(ledger.read(demo_image.root, "demo-cpu")) == n_records  # a no-op records nothing
     plain = run_envport("build", "demo-cpu", "--target", "docker", root=demo_image.root)
@@ -196,7 +197,7 @@ def test_no_cache_and_rebuild_build_again(docker_client, base_image, project, th
     assert "pip-1" in fresh["steps"][-1]["data"]["built_steps"]
     assert "pip-1" not in fresh["steps"][-1]["data"]["cached_steps"]
     # Each rebuild replaced the image under the tag; the replaced ones were not left dangling. The tagged
-    # image's own ancestry stays: the SBOM layers (builders/docker/builder.py _with_sbom) sit on the built
+    # image's own ancestry stays: the SBOM layer (builders/docker/builder.py _sbom_layer) sits on the built
     # image, which is their parent, not a leftover.
     tagged = fresh["steps"][-1]["data"]["image_id"]
     ancestry, at = [], tagged

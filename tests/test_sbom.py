@@ -255,6 +255,60 @@ def test_image_sbom_lists_what_pip_and_dpkg_show_inside_it(small_project, docker
     assert docker_client.images.get(tag).labels[SBOM_LABEL] == hashlib.sha256(carried).hexdigest()
     embedded = _validate(carried.decode())
     assert _components(embedded, "pypi") == _pip(pip) and _components(embedded, "deb") == _dpkg(dpkg)
+    # What the builder read (only the SBOM's files: its layers mounted, or its export filtered) is what the
+    # whole exported filesystem gives, byte for byte; and so is the filtered export, whichever the builder took.
+    whole, filtered = _sboms_by_export(tag, embedded)
+    assert carried.decode() == whole == filtered
+
+
+def _sboms_by_export(image: str, embedded: dict) -> tuple[str, str]:
+    """The SBOM of IMAGE read from its whole exported filesystem (the route the builder no longer takes), and
+    from its export filtered to the files `sbom.needed` names, with the facts of the builder's SBOM EMBEDDED."""
+    import tempfile
+    from datetime import datetime
+
+    from envport.engines.docker import export_files, export_rootfs
+
+    props = {p["name"]: p["value"] for p in embedded["metadata"]["properties"]}
+    facts = sbom.EnvFacts(props["envport:name"], props["envport:hash"], props["envport:target"],
+                          lock=None if props["envport:lock"] == "none" else props["envport:lock"],
+                          created=datetime.fromisoformat(embedded["metadata"]["timestamp"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        export_rootfs(image, Path(tmp) / "whole")
+        export_files(image, Path(tmp) / "filtered", sbom.needed())
+        return sbom.make_sbom(Path(tmp) / "whole", facts)[0], sbom.make_sbom(Path(tmp) / "filtered", facts)[0]
+
+
+def test_only_the_files_the_sbom_reads_give_the_same_sbom(tmp_path: Path):
+    """`needed` (what an image's SBOM copies or opens) keeps every file read_tree reads and not the rest: a
+    tree pruned to it gives the same SBOM; a package's own files are left out."""
+    (tmp_path / "full/var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "full/var/lib/dpkg/status").write_text(STATUS)
+    (tmp_path / "full/etc").mkdir()
+    (tmp_path / "full/etc/os-release").write_text('ID=debian\nVERSION_ID="12"\n')
+    venv = tmp_path / "full/opt/envport/venv"
+    site = venv / "lib/python3.11/site-packages"
+    _dist(site, "six-1.16.0.dist-info", "six", "1.16.0")
+    (site / "six-1.16.0.dist-info/RECORD").write_text("six.py,,\n")
+    (site / "six.py").write_text("# six\n")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    _dist(tmp_path / "full/usr/lib/python3/dist-packages", "pip-23.0.1.dist-info", "pip", "23.0.1")
+    keep = sbom.needed()
+    files = sorted(str(p.relative_to(tmp_path / "full")) for p in (tmp_path / "full").rglob("*") if p.is_file())
+    kept = [f for f in files if keep(f)]
+    assert kept == ["etc/os-release", "opt/envport/venv/lib/python3.11/site-packages/six-1.16.0.dist-info/METADATA",
+                    "opt/envport/venv/pyvenv.cfg",
+                    "usr/lib/python3/dist-packages/pip-23.0.1.dist-info/METADATA", "var/lib/dpkg/status"]
+    for f in kept:
+        (tmp_path / "pruned" / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tmp_path / "full" / f, tmp_path / "pruned" / f)
+    facts = sbom.EnvFacts("tiny", "ab" * 32, "docker")
+    assert sbom.make_sbom(tmp_path / "pruned", facts) == sbom.make_sbom(tmp_path / "full", facts)
+    # Without envport's venv, the system's site dirs are read: pruned alike.
+    shutil.rmtree(venv)
+    shutil.rmtree(tmp_path / "pruned/opt")
+    assert sbom.make_sbom(tmp_path / "pruned", facts) == sbom.make_sbom(tmp_path / "full", facts)
+    assert [p.name for p in sbom.read_tree(tmp_path / "pruned")] == ["adduser", "libc6", "pip"]
 
 
 def test_venv_sbom_lists_what_its_pip_shows(small_project, tmp_path: Path):

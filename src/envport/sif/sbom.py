@@ -2,9 +2,11 @@
 
 The content is a directory tree: a SIF's partition mounted read-only (`sif_sbom`:
 `envport sbom FILE.sif`, and the apptainer-binary build route on the SIF apptainer
-wrote), a docker image's filesystem exported to a tmp dir, or a venv's prefix
-(envport's own .def builder reads its rootfs before it is squashed).  Two sources,
-the ones syft reads too:
+wrote), a docker image's layers mounted read-only or just the files this reader
+opens streamed out of its export (`image_sbom`, `read_patterns`), or a venv's prefix
+(envport's own .def builder reads its rootfs before it is squashed).  Whatever the
+tree, only the files below are opened: the SBOM costs what it reads, not the
+image's size.  Two sources, the ones syft reads too:
 
 - Debian packages: the tree's `var/lib/dpkg/status`, the paragraphs whose
   Status is `install ok installed` (what `dpkg-query -W` lists as installed),
@@ -55,6 +57,7 @@ SYSTEM_SITE_GLOBS = ("usr/lib/python3*/site-packages", "usr/lib/python3/dist-pac
                      "usr/local/lib/python3*/site-packages", "usr/local/lib/python3*/dist-packages")
 MAX_METADATA_BYTES = 4 << 20  # a METADATA larger than this is not a distribution's
 MAX_STATUS_BYTES = 256 << 20
+OS_RELEASE = (("etc", "os-release"), ("usr", "lib", "os-release"))
 SBOM_DATATYPE = 0x4009
 SBOM_FORMAT_CYCLONEDX_JSON = 1
 SBOM_NAME = "sbom.cdx.json"
@@ -141,7 +144,7 @@ def _paragraphs(text: str) -> Iterable[dict[str, str]]:
 
 def debian_release(tree: Path) -> str:
     """`debian-12` from the tree's etc/os-release (usr/lib/os-release), else `debian`."""
-    for parts in (("etc", "os-release"), ("usr", "lib", "os-release")):
+    for parts in OS_RELEASE:
         raw = _read_inside(tree, parts, 1 << 16)
         if raw is None:
             continue
@@ -242,6 +245,55 @@ def read_tree(tree: Path, venv: Optional[tuple[str, ...]] = CONTAINER_VENV,
     """Every Debian package and Python distribution TREE holds, sorted by purl (SKIPPED: python_distributions)."""
     tree = Path(tree)
     return sorted(debian_packages(tree) + python_distributions(tree, venv, skipped))
+
+
+def read_patterns(venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> tuple[str, ...]:
+    """Every file read_tree may open, as fnmatch patterns of paths relative to the tree ('*' may cross a '/':
+    a superset, harmless, since the reader still picks what it reads).  A tree holding only these files gives
+    the same SBOM as the whole tree: an image's SBOM reads just them (`image_sbom`)."""
+    fixed = ["/".join(DPKG_STATUS), *("/".join(parts) for parts in OS_RELEASE)]
+    sites = list(SYSTEM_SITE_GLOBS)
+    if venv:
+        fixed.append("/".join((*venv, "pyvenv.cfg")))
+        sites.append("/".join((*venv, "lib/python3*/site-packages")))
+    return (*fixed, *(f"{site}/*.dist-info/METADATA" for site in sites))
+
+
+def needed(venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> Callable[[str], bool]:
+    """Whether read_tree may open a path (relative, '/'-separated, as a tar member names it): read_patterns."""
+    import fnmatch
+
+    pattern = re.compile("|".join(fnmatch.translate(p) for p in read_patterns(venv)))
+    return lambda path: pattern.match(path) is not None
+
+
+def image_sbom(image: str, facts: EnvFacts, fmt: str = "cyclonedx", graph: Optional[dict] = None,
+               ) -> tuple[str, list[Package], str]:
+    """(text, packages, how) of the docker image IMAGE, read at the cost of what the SBOM reads: its layers
+    mounted read-only where this process may, else `docker export` filtered to the files `needed` accepts
+    (engines/docker.py `image_files`; HOW says which).  The same SBOM as of the whole exported filesystem.
+    GRAPH: the image's GraphDriver (inspect), when the caller has it."""
+    from envport.engines.docker import image_files
+
+    with image_files(image, needed(CONTAINER_VENV), graph=graph) as (tree, how):
+        text, packages = make_sbom(tree, facts, CONTAINER_VENV, fmt)
+    return text, packages, how
+
+
+def warm_validator() -> None:
+    """Import the CycloneDX validator (to_json) in a daemon thread: jsonschema compiles its IRI grammars at
+    import, 2-5 s of CPU on a small host, the same whatever a build changed; a builder calls this as its engine
+    starts, so the SBOM at its end finds them loaded.  A failed import is left for to_json to report."""
+    import threading
+
+    def _load() -> None:
+        try:
+            import cyclonedx.validation.json  # noqa: F401
+            import jsonschema  # noqa: F401
+        except Exception:  # to_json imports it again and says what is missing
+            pass
+
+    threading.Thread(target=_load, name="envport-sbom-validator", daemon=True).start()
 
 
 def skipped_note(skipped) -> str:

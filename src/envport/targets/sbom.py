@@ -1,5 +1,5 @@
-"""What `envport sbom NAME` reads for each target that has one: a SIF's partition, an image's exported
-filesystem, a venv in place.  Moved from commands/sbom.py: each target's `sbom()` calls one of these.
+"""What `envport sbom NAME` reads for each target that has one: a SIF's partition, a docker image's files
+(only those the SBOM reads: sif/sbom.py image_sbom), a podman image's exported filesystem, a venv in place.  Moved from commands/sbom.py: each target's `sbom()` calls one of these.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def from_venv(loaded, identity, lock, fmt: str):
 def from_docker_image(loaded, identity, lock, fmt: str):
     from datetime import datetime
 
-    from envport.engines.docker import connect, export_rootfs, get_image
+    from envport.core.verdict import StepResult, Verdict
+    from envport.engines.docker import ExportError, connect, get_image
+    from envport.sif import sbom
 
     step = f"sbom {identity.image_tag}"
     client, refused = connect(step)
@@ -113,7 +115,13 @@ def from_docker_image(loaded, identity, lock, fmt: str):
         return missing(step, f"the engine has no image {identity.image_tag}", "image_missing",
                         f"envport build {loaded.spec.name} --target docker"), None
     created = datetime.fromisoformat(image.attrs["Created"][:19] + "+00:00")
-    return from_image(step, identity, export_rootfs, facts_of(loaded, identity, "docker", lock, created), fmt)
+    facts = facts_of(loaded, identity, "docker", lock, created)
+    try:
+        # Only the files the SBOM reads, as the builder read them (sif/sbom.py image_sbom), not the whole tree.
+        text, packages, _ = sbom.image_sbom(image.id, facts, fmt, graph=image.attrs.get("GraphDriver"))
+    except ExportError as exc:
+        return StepResult(step, Verdict.FAILED, str(exc)), None
+    return _described(step, packages, fmt), text
 
 
 def facts_of(loaded, identity, target: str, lock, created):

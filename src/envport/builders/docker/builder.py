@@ -13,8 +13,11 @@ Order of checks, each cheap before anything expensive:
    docker SDK's legacy builder.  A site that installs from the wheelhouse
    needs BuildKit (`RUN --mount`): without it the build is REFUSED
    `no_buildkit` with the fix, rather than copying the wheels into the image;
-6. the SBOM: the built image's filesystem exported and read (sif/sbom.py), the CycloneDX file added in
-   one layer at SBOM_PATH with the label SBOM_LABEL naming its sha256 (docs/registry.md).
+6. the pin check (builders/pins.py), in a throwaway container of the built image;
+7. the SBOM: only the files it reads, read from the built image (sif/sbom.py `image_sbom`: its layers
+   mounted read-only where envport may, else its export streamed and filtered; never the whole filesystem
+   written out), the CycloneDX file committed in one layer at SBOM_PATH with the label SBOM_LABEL naming its
+   sha256 (docs/registry.md).  A `present` image (2.) is never read again: its SBOM is the one it carries.
 
 The build gets no tag at all (`--iidfile`); only a successful build is tagged,
 so a killed build leaves no tag and a re-run continues from the engine's
@@ -146,6 +149,10 @@ def build(loaded: Loaded, site: Site, root: Path, *, rebuild: bool = False, no_c
     present = _present(previous, resolved, rebuild, progress)
     if present is not None:
         return [present]
+    # The SBOM that ends a build validates with jsonschema: seconds of imports, paid while the engine builds.
+    from envport.sif.sbom import warm_validator
+
+    warm_validator()
     results = [_base(client, resolved.plan, site)]
     if not results[-1].verdict.ok:
         return results
@@ -237,6 +244,7 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
         with docker_context.env_context(root, name, work / "context") as context:
             docker_context.write_context(context, rendering, plan, wheelhouse,
                                          docker_context.build_dir(root) / docker_context.PHASES_CACHE, progress)
+            context_s = time.monotonic() - t0  # staging, and which wheels each phase needs (pip, cached)
             if any(s.kind == "pip" and s.installer == "uv" for s in plan.steps):
                 from envport.builders.tools import stage_uv
 
@@ -261,20 +269,47 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
         return StepResult(step, Verdict.FAILED, f"{where} failed; no tag was written", lines=lines,
                           seconds=seconds, data={"image": tag, "failed_step": ref.marker if ref else None,
                                                  "builder": builder})
-    image = client.images.get(image_id)
+    return _finish(client, client.images.get(image_id), loaded, site, resolved, previous, log,
+                   {"builder": builder, "start": start, "engine_build": seconds, "context": context_s}, progress)
+
+
+def _finish(client, image, loaded: Loaded, site: Site, resolved, previous, log, run: dict,
+            progress: Progress) -> StepResult:
+    """After the engine's build: the hash label and pin check, the SBOM layer, then the tags, each timed
+    (data `timings`, with the context's staging and the engine's build before them: what an edit's rebuild
+    spends outside the engine shows there)."""
+    name, tag, hash_, plan = resolved.identity.name, resolved.identity.image_tag, resolved.hash, resolved.plan
+    step, seconds, builder = f"build {tag}", run["engine_build"], run["builder"]
     if image.labels.get("envport.hash") != hash_:
-        return StepResult(step, Verdict.FAILED, f"built image {image_id[:19]} lacks envport.hash={hash_[:12]}",
+        return StepResult(step, Verdict.FAILED, f"built image {image.id[:19]} lacks envport.hash={hash_[:12]}",
                           seconds=seconds)
     # A build that says OK holds the spec's pins; a failing image gets no tag, so it is never `present`.
+    # The SBOM is read meanwhile (a thread: both mostly wait, on the engine and on the disk).
+    from concurrent.futures import ThreadPoolExecutor
+
     python = next(s.venv for s in plan.steps if s.kind == "python") + "/bin/python"
-    progress(f"envport: [docker] pin check in {image.id[:19]}")
-    failed = pin_check(client, image.id, plan, python, step)
-    if failed is not None:
-        return dataclasses.replace(failed, seconds=seconds,
-                                   data={"image": tag, "image_id": image.id, "builder": builder})
-    progress(f"envport: [docker] SBOM of {image.id[:19]} into {SBOM_PATH}")
-    image, components = _with_sbom(client, image, loaded, site, hash_)
+    progress(f"envport: [docker] pin check in {image.id[:19]}, SBOM of it read beside")
+    t = time.monotonic()
+    with ThreadPoolExecutor(1, thread_name_prefix="envport-sbom") as pool:
+        read = pool.submit(_read_sbom, image, loaded, site, hash_)
+        failed = pin_check(client, image.id, plan, python, step)
+        timings = {"context": round(run["context"], 3), "engine_build": round(seconds - run["context"], 3),
+                   "pin_check": round(time.monotonic() - t, 3)}
+        if failed is not None:
+            return dataclasses.replace(failed, seconds=seconds,
+                                       data={"image": tag, "image_id": image.id, "builder": builder})
+        t = time.monotonic()
+        text, packages, how, read_s = read.result()
+    timings["sbom_read"] = round(time.monotonic() - t, 3)  # what it added after the pin check: its wall cost
+    progress(f"envport: [docker] SBOM: {len(packages)} components ({how}: {_READ_HOW[how]}, {read_s:.1f}s); "
+             f"committed into {SBOM_PATH}")
+    t = time.monotonic()
+    image = _sbom_layer(client, image, text.encode("utf-8"))
+    timings["sbom_layer"] = round(time.monotonic() - t, 3)
+    t = time.monotonic()
     _tag(client, image, name, hash_, previous)
+    timings["tag"] = round(time.monotonic() - t, 3)
+    components = len(packages)
     size = image.attrs.get("Size", 0)
     return StepResult(step, Verdict.OK,
                       f"{image.id[:19]} ({_size(size)}; {len(set(log.built))} step(s) built, "
@@ -284,39 +319,84 @@ def _build_image(client, cli: Optional[str], loaded: Loaded, site: Site, root: P
                             "built_steps": list(dict.fromkeys(log.built)),
                             "cached_steps": list(dict.fromkeys(log.cached)), "builder": builder,
                             "sbom_components": components, "sbom_sha256": image.labels.get(SBOM_LABEL),
-                            "total_seconds": round(time.monotonic() - start, 3)})
+                            "timings": timings, "total_seconds": round(time.monotonic() - run["start"], 3)})
 
 
-def _with_sbom(client, image, loaded: Loaded, site: Site, hash_: str):
-    """(IMAGE plus one layer holding its CycloneDX SBOM at SBOM_PATH and the label SBOM_LABEL = the file's
-    sha256, component count). The SBOM is read from IMAGE's exported filesystem (what it holds, as `envport
-    sbom --target docker` reads it); the layer is built FROM the image's id, so its config is kept."""
+_READ_HOW = {"mounted": "the image's layers mounted read-only, only the SBOM's files read",
+             "streamed": "the image's export streamed, only the SBOM's files kept"}
+
+
+def _read_sbom(image, loaded: Loaded, site: Site, hash_: str) -> tuple[str, list, str, float]:
+    """(text, packages, how, seconds) of IMAGE's CycloneDX SBOM, read from IMAGE's files, only those it reads
+    (sif/sbom.py `image_sbom`: its layers mounted read-only, or its export filtered to them; HOW says which),
+    as `envport sbom --target docker` reads it; its time the image's Created."""
+    from envport.sif import sbom
+
+    t0 = time.monotonic()
+    facts = sbom.EnvFacts(loaded.spec.name, hash_, TARGET, lock=sbom.lock_fact(loaded, site),
+                          created=_created(image))
+    text, packages, how = sbom.image_sbom(image.id, facts, graph=image.attrs.get("GraphDriver"))
+    return text, packages, how, time.monotonic() - t0
+
+
+def _created(image):
+    """IMAGE's Created time (the engine's, to the second, UTC): its SBOM's timestamp and the SBOM file's mtime."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(image.attrs["Created"][:19] + "+00:00")
+
+
+def _sbom_layer(client, image, data: bytes):
+    """IMAGE plus one layer holding DATA at SBOM_PATH, its config IMAGE's own plus the label SBOM_LABEL naming
+    DATA's sha256; the file's mtime is IMAGE's Created (the SBOM's own timestamp).
+
+    A container of IMAGE is created (never started), the file put into it and the container committed with
+    IMAGE's own config (~0.2 s: no build, no context).  The engine fills what a commit's config leaves empty
+    from the container's, so an image with neither Cmd nor Entrypoint (its container gets one to exist) takes
+    a one-line build instead, FROM IMAGE."""
     import hashlib
     import io
     import tarfile
-    import tempfile
-    from datetime import datetime
 
-    from envport.engines.docker import export_rootfs
-    from envport.sif import sbom
-
-    created = datetime.fromisoformat(image.attrs["Created"][:19] + "+00:00")
-    facts = sbom.EnvFacts(loaded.spec.name, hash_, TARGET, lock=sbom.lock_fact(loaded, site), created=created)
-    with tempfile.TemporaryDirectory(prefix="envport-sbom-") as tmp:
-        export_rootfs(image.id, Path(tmp) / "rootfs")
-        text, packages = sbom.make_sbom(Path(tmp) / "rootfs", facts)
-    data = text.encode("utf-8")
+    sha256, created = hashlib.sha256(data).hexdigest(), _created(image)
+    config = {**image.attrs["Config"], "Image": image.id}
+    if not (config.get("Cmd") or config.get("Entrypoint")):
+        return _sbom_layer_built(client, image, data, sha256, created)
+    config["Labels"] = {**(config.get("Labels") or {}), SBOM_LABEL: sha256}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, body in (("Dockerfile", f"FROM {image.id}\nCOPY {sbom.SBOM_NAME} {SBOM_PATH}\n".encode()),
-                           (sbom.SBOM_NAME, data)):
+        info = tarfile.TarInfo(SBOM_PATH.lstrip("/"))
+        info.size, info.mtime, info.mode = len(data), int(created.timestamp()), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    # Never run: its command is only what the image's history shows for this layer, as a build's would read.
+    container = client.containers.create(image.id, ["/bin/sh", "-c", f"#(nop) COPY sbom.cdx.json {SBOM_PATH}"],
+                                         network_disabled=True)
+    try:
+        container.put_archive("/", buf.getvalue())  # parent folders the image lacks are made 0755
+        committed = container.commit(conf=config, message=f"envport: the CycloneDX SBOM at {SBOM_PATH}")
+    finally:
+        container.remove(force=True)
+    return client.images.get(committed.id)
+
+
+def _sbom_layer_built(client, image, data: bytes, sha256: str, created):
+    """_sbom_layer by the legacy builder: `FROM IMAGE` + `COPY` of the file, the label added."""
+    import io
+    import tarfile
+
+    from envport.sif.sbom import SBOM_NAME
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, body in (("Dockerfile", f"FROM {image.id}\nCOPY {SBOM_NAME} {SBOM_PATH}\n".encode()),
+                           (SBOM_NAME, data)):
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = len(body), int(created.timestamp()), 0o644
             tar.addfile(info, io.BytesIO(body))
     buf.seek(0)
     built, _ = client.images.build(fileobj=buf, custom_context=True, rm=True, network_mode="none",
-                                   labels={SBOM_LABEL: hashlib.sha256(data).hexdigest()})
-    return built, len(packages)
+                                   labels={SBOM_LABEL: sha256})
+    return built
 
 
 def _tag(client, image, name: str, hash_: str, previous) -> None:
