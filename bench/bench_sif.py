@@ -25,7 +25,14 @@
     <= 1.2x each: signing is hashing), run by bench/bench_sign.py on that SIF;
 (f) "registry": push and pull of that SIF through the test registry against a plain HTTP PUT/GET of
     the same bytes on loopback (goal <= 1.5x), run by bench/bench_registry.py on it (needs the
-    registry of .ci/services/registry.sh).
+    registry of .ci/services/registry.sh);
+(g) "rebuild": the phase cache and reproducibility, side by side in one run, every build --no-lock (an
+    edit re-locked would move other phases' pins: the lock's own issue, not the cache's): a cold build
+    into an empty phase cache; the spec's last pip phase edited (its first package's pin moved) and
+    built through that cache (goal: <= 0.3 of cold); the spec restored and built again from nothing
+    (the SIF removed, the cache off): the two builds from nothing must have the same sha256.  Before
+    this work, two builds of one spec differed in the header (UUID, times), inspect-metadata.json and
+    envport-spec.json, the SBOM and the partition (every mtime, labels.json, every .pyc): BEFORE.
 
 --parts picks some of (a)+(d) "build", (b) "present", (c) "witness", (e) "sign", (f) "registry"; the
 results of parts not run are kept from --json's file. Runs in a throwaway
@@ -69,7 +76,11 @@ def squash(rootfs: Path, out: Path, comp: str) -> tuple[float, float]:
     return seconds, size
 
 
-PARTS = ("build", "present", "witness", "sign", "registry")
+PARTS = ("build", "present", "witness", "sign", "registry", "rebuild")
+BEFORE = ("header uuid, created, modified; Def.FILE (times); JSON.Generic inspect-metadata.json (the build-date "
+          "labels); JSON.Generic envport-spec.json (the partition sha256); SBOM sbom.cdx.json (timestamp); FS "
+          "partition (every file's mtime, /.singularity.d/labels.json, every .pyc): tiny-sif built twice at "
+          "3b00f71 with `siftool list` and sif/compare.py")
 
 
 def bench_script(script: str, spec: str, root: Path, *args: str) -> dict:
@@ -114,6 +125,63 @@ def bench_build(spec: str, root: Path) -> dict:
                       "assembly_over_mksquashfs": round(own / gzip_s, 3)},
             "compression": {"gzip": {"s": round(gzip_s, 2), "MiB": round(gzip_mib, 1)},
                             "zstd": {"s": round(zstd_s, 2), "MiB": round(zstd_mib, 1)}}}
+
+
+def _edit_last_phase(spec_file: Path) -> str:
+    """Move the first pin of the spec's last pip phase (six==1.16.0 -> six==1.17.0 in demo-cpu); its text."""
+    import yaml
+
+    data = yaml.safe_load(spec_file.read_text())
+    phase = data["pip_phases"][-1]
+    packages = phase["packages"] if isinstance(phase, dict) else phase
+    name, _, version = packages[0].partition("==")
+    major, minor, *_ = version.split(".")
+    packages[0] = f"{name}=={major}.{int(minor) + 1}.0"
+    spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    return packages[0]
+
+
+def _timed_build(spec: str, root: Path, env: dict) -> dict:
+    seconds, proc = envport("build", spec, "--target", "apptainer", "--json", "--rebuild", "--no-lock", root=root,
+                            env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"envport build {spec} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    last = json.loads(proc.stdout)["steps"][-1]
+    from envport.sif.compare import file_sha256
+
+    return {"s": round(seconds, 2), "timings": last["data"]["timings"], "sha256": file_sha256(last["data"]["sif"]),
+            "sif": last["data"]["sif"]}
+
+
+def bench_rebuild(spec: str, root: Path) -> dict:
+    """(g): cold into an empty cache, the last phase edited through it, cold again from nothing."""
+    wheels = root / ".cache" / "wheelhouse"
+    if wheels.is_symlink():  # the edit downloads a wheel: into the bench's own copy, never the checkout's
+        target = wheels.resolve()
+        wheels.unlink()
+        shutil.copytree(target, wheels)
+    spec_file = root / "specs" / f"{spec}.yaml"
+    original = spec_file.read_text()
+    with tempfile.TemporaryDirectory(prefix="envport-bench-cache-", dir="/dev/shm") as cache:
+        env = {"ENVPORT_SIF_PHASE_CACHE": cache, "ENVPORT_SIF_PHASE_CACHE_MAX": "64G"}
+        cold = _timed_build(spec, root, env)
+        edit = _edit_last_phase(spec_file)
+        edited = _timed_build(spec, root, env)
+    spec_file.write_text(original)
+    kept = root / "cold.sif"
+    os.replace(cold["sif"], kept)  # the next build writes the same name: from nothing, the cache off
+    again = _timed_build(spec, root, {"ENVPORT_SIF_PHASE_CACHE": "off"})
+    from envport.sif.compare import compare_sifs
+
+    differs = [] if again["sha256"] == cold["sha256"] else list(compare_sifs(kept, again["sif"]).objects)
+    kept.unlink()
+    return {"rebuild": {"cold_s": cold["s"], "cold_timings": cold["timings"], "edit": edit,
+                        "edited_s": edited["s"], "edited_timings": edited["timings"],
+                        "edit_over_cold": round(edited["s"] / cold["s"], 3),
+                        "cold_again_s": again["s"], "edit_over_cold_again": round(edited["s"] / again["s"], 3),
+                        "cold_sha256": cold["sha256"], "cold_again_sha256": again["sha256"],
+                        "same_sha256": cold["sha256"] == again["sha256"], "objects_differing": differs,
+                        "before": BEFORE, "load_1min_after": os.getloadavg()[0]}}
 
 
 def bench_present(spec: str, root: Path, repeat: int) -> dict:
@@ -225,6 +293,15 @@ def report(out: dict, parts: list[str]) -> None:
         print(f"(f) push {r['push_ratio']:.2f}x a plain HTTP PUT, pull {r['pull_ratio']:.2f}x a plain GET of "
               f"{r['bytes'] / 2**20:.0f} MiB (goal <= {r['goal']}x; vs curl to the registry: push "
               f"{r['push_vs_curl']:.2f}x, pull {r['pull_vs_curl']:.2f}x)")
+    if "rebuild" in parts:
+        r = out["rebuild"]
+        print(f"(g) cold SIF build {r['cold_s']:.1f}s into an empty phase cache; last phase edited ({r['edit']}) "
+              f"through it {r['edited_s']:.1f}s: {r['edit_over_cold']:.2f} of cold (goal <= 0.3; mksquashfs "
+              f"{r['edited_timings'].get('mksquashfs', 0):.1f}s of it, restored step "
+              f"{r['edited_timings'].get('restored_step')}); cold again from nothing (cache off) "
+              f"{r['cold_again_s']:.1f}s ({r['edit_over_cold_again']:.2f}); two builds from nothing: sha256 "
+              f"{'equal' if r['same_sha256'] else 'DIFFERENT'} ({r['cold_sha256'][:16]}..., "
+              f"{r['cold_again_sha256'][:16]}...); before this work they differed in: {r['before']}")
     if "build" in parts:
         c = out["compression"]
         print(f"(d) gzip {c['gzip']['s']:.1f}s {c['gzip']['MiB']:.0f} MiB; zstd {c['zstd']['s']:.1f}s "
@@ -269,6 +346,8 @@ def main() -> int:
             out["sign"] = bench_script("bench_sign.py", args.spec, root, "--repeat", str(max(args.repeat, 3)))
         if "registry" in parts:
             out["registry"] = bench_script("bench_registry.py", args.spec, root, "--runs", str(args.repeat))
+        if "rebuild" in parts:
+            out.update(bench_rebuild(args.spec, root))
     report(out, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")

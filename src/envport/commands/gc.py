@@ -31,6 +31,11 @@ def register(sub) -> None:
                    help="also keep the N most recently used old hashes of each env and target (default 1: the "
                    "build before the current one; 0: only the current one)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed and its size; remove nothing")
+    p.add_argument("--phase-cache", action="store_true",
+                   help="also empty the SIF builder's phase cache (the rootfs after each phase, which makes a "
+                   "rebuild after an edit start from the last unchanged phase; docs/apptainer.md), with --dry-run "
+                   "say what it holds. Without it gc leaves that cache alone: each build keeps it under its cap "
+                   "(ENVPORT_SIF_PHASE_CACHE_MAX) and removes what killed builds left")
     p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile: the current hash, sif_dir, ledger (default: local)")
     p.add_argument("--hold", metavar="HASH", default=None,
                    help="record in NAME's ledger that builds of HASH (12+ hex digits) are in use: gc keeps them "
@@ -105,6 +110,12 @@ def run(args) -> int:
         if not args.json:
             for s in notes + env_steps:
                 print(s.line())
+    if args.phase_cache:
+        cached = gc.phase_cache_step(site, root, args.dry_run)
+        if cached is not None:
+            steps.append(cached)
+            if not args.json:
+                print(cached.line())
     total = gc.total_line(steps, args.dry_run)
     code = exit_code(steps)
     if args.json:

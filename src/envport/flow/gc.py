@@ -185,3 +185,23 @@ def total_line(steps: list[StepResult], dry_run: bool) -> str:
             head += f", {n['not_removed'] + n['failed']} not removed"
     return f"{head}, {n['kept']} kept, {n['left']} left (not envport's)"
 
+
+
+def phase_cache_step(site, root: Path, dry_run: bool) -> Optional[StepResult]:
+    """`gc --phase-cache`: the SIF builder's phase cache (builders/apptainer/phase_cache.py) emptied, what killed
+    builds left included; under DRY_RUN only sized.  None when the cache is off or absent."""
+    from envport.builders.apptainer.phase_cache import PhaseCache
+
+    cache = PhaseCache.for_site(site, root)
+    if cache is None or not cache.dir.is_dir():
+        return None
+    count, size = cache.size()
+    data = {"action": "would_remove" if dry_run else "removed", "env": "", "target": "apptainer", "hash12": "",
+            "where": str(cache.dir), "bytes": size, "freed": 0, "entries": count}
+    step = f"apptainer {_shown(str(cache.dir), root)}"
+    if dry_run:
+        return StepResult(step, Verdict.SKIPPED, f"would remove the phase cache's {count} entries (--dry-run); "
+                          f"{human_size(size)}", data=data)
+    data["freed"] = cache.clear()
+    return StepResult(step, Verdict.OK, f"removed the phase cache's {count} entries; {human_size(data['freed'])} "
+                      "freed", data=data)

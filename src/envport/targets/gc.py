@@ -9,9 +9,7 @@ listed as foreign and never touched.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from typing import Callable
 
 from envport.targets.base import Artefact
@@ -55,31 +53,3 @@ def remove_image(art: Artefact, untag: Callable[[str], str], tags_now: Callable[
     if left:
         return f"untagged {art.where}, but the image stays tagged {', '.join(sorted(left))} (not envport's to remove)"
     return ""
-
-
-def tree_bytes(path: str) -> int:
-    """The disk blocks removing the tree PATH frees: every file once, one hard-linked from outside not at all,
-    never following a symlink."""
-    seen: dict[tuple[int, int], list] = {}
-    total = 0
-    stack = [path]
-    while stack:
-        top = stack.pop()
-        try:
-            st = os.lstat(top)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            total += st.st_blocks * 512
-            try:
-                stack.extend(os.path.join(top, e) for e in os.listdir(top))
-            except OSError:
-                pass
-            continue
-        key = (st.st_dev, st.st_ino)
-        entry = seen.setdefault(key, [0, st])
-        entry[0] += 1
-    for links, st in seen.values():
-        if links >= st.st_nlink:  # every name of it is inside the tree
-            total += st.st_blocks * 512
-    return total

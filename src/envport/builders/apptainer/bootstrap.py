@@ -140,3 +140,20 @@ def _localimage(source: Path, dest: Path, site) -> Base:
         raise BootstrapRefused("base_image_unreadable", f"unsquashfs of {source} failed: "
                                                         f"{(proc.stderr or proc.stdout or proc.why).strip()[-300:]}")
     return Base(source=f"localimage {source}")
+
+
+def base_identity(deffile: DefFile) -> str | None:
+    """What names the base's bytes before it is unpacked (the phase cache's first key part): the docker
+    engine's image id, or a localimage SIF's size and mtime; None when nothing cheap names it (a sandbox
+    directory, an image the engine lacks): that build is not cached."""
+    kind, source = _header(deffile)
+    if kind == "localimage":
+        path = Path(source)
+        if not path.is_file():
+            return None
+        st = path.stat()
+        return f"localimage {path.resolve()} {st.st_size} {st.st_mtime_ns}"
+    if engine.engine_problem() is not None:
+        return None
+    config = engine.image_config(source)
+    return f"{kind} {source} {config['id']}" if config else None

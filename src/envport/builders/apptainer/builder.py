@@ -39,13 +39,17 @@ import os
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from envport import __version__
 from envport.builders.apptainer import bootstrap as boot
 from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
-from envport.builders.apptainer.post_runner import RunnerError, copy_files, remove_rootfs, run_post
+from envport.builders.apptainer.phase_cache import PhaseCache
+from envport.builders.apptainer.phases import keys as keys_of
+from envport.builders.apptainer.phases import later_files, owner, split
+from envport.builders.apptainer.post_runner import PostResult, RunnerError, copy_files, remove_rootfs, run_post
 from envport.builders.apptainer.singularity_d import finish_rootfs, inspect_metadata_for_root, prepare_rootfs
 from envport.core.proc import run
 from envport.core.progress import Progress, tail
@@ -64,6 +68,11 @@ WORK_PREFIX = "envport-sif-"
 # measured 7 s against 80 s); used only when it leaves this much room after the build.
 SHM = Path("/dev/shm")
 SHM_MIN_FREE = 8 << 30
+# The default build time (source_date): 2001-01-01 plus up to 30 years, from the env hash.
+SPEC_EPOCH_START = 978307200
+SPEC_EPOCH_SPAN = 30 * 365 * 86400
+VOLATILE = ("var/log/apt/*.log", "var/log/apt/eipp.log.xz", "var/log/dpkg.log", "var/log/alternatives.log",
+            "var/cache/ldconfig/aux-cache", "var/cache/debconf/*-old", "var/lib/dpkg/*-old")
 DEBIAN_PACKAGES = {"bwrap": "bubblewrap", "mksquashfs": "squashfs-tools", "unsquashfs": "squashfs-tools"}
 
 
@@ -154,7 +163,10 @@ class SifBuild:
         self.progress = progress
         self.step = f"sif {sif.name}"
         self.timings: dict[str, float] = {}
-        self.created = int(os.environ.get("SOURCE_DATE_EPOCH") or time.time())
+        try:
+            self.created, self.created_from = source_date(resolved.hash)
+        except SifError as exc:
+            self.created, self.created_from = 0, exc.message
 
     def say(self, line: str) -> None:
         self.progress(f"envport: [apptainer] {line}")
@@ -164,6 +176,8 @@ class SifBuild:
 
     def run(self, from_docker: bool) -> list[StepResult]:
         start = time.monotonic()
+        if not self.created:
+            return [StepResult(self.step, Verdict.REFUSED, self.created_from, reason="bad_source_date")]
         missing = self._missing_tools(from_docker)
         if missing:
             return missing
@@ -276,22 +290,26 @@ class SifBuild:
         deffile = self.deffile
         context = self._context(work)
         rootfs = work / "rootfs"
-        rootfs.mkdir()
-        try:
-            base = boot.bootstrap(deffile, rootfs, self.site, progress=self.progress)
-        except boot.BootstrapRefused as exc:
-            return StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)
+        phases = split(deffile)
+        cache, keys = self._phase_keys(phases, context)
+        start, base = self._restore(cache, phases, keys, rootfs, context)
+        if base is None:
+            rootfs.mkdir()
+            try:
+                base = boot.bootstrap(deffile, rootfs, self.site, progress=self.progress)
+            except boot.BootstrapRefused as exc:
+                return StepResult(self.step, Verdict.REFUSED, exc.message, reason=exc.reason)
+            if not (rootfs / ".singularity.d" / "env").is_dir():
+                prepare_rootfs(rootfs, image_env=base.env, image_labels=_not_envport(base.labels),
+                               entrypoint=base.entrypoint, cmd=base.cmd)
+            else:
+                _drop_base_identity(rootfs)
         self.timings["bootstrap"] = time.monotonic() - t
-        if not (rootfs / ".singularity.d" / "env").is_dir():
-            prepare_rootfs(rootfs, image_env=base.env, image_labels=_not_envport(base.labels),
-                           entrypoint=base.entrypoint, cmd=base.cmd)
-        else:
-            _drop_base_identity(rootfs)
         t = time.monotonic()
         try:
-            copied = copy_files(deffile, rootfs, context)
-            self.say(f"%files: {len(copied)} cop{'y' if len(copied) == 1 else 'ies'}")
-            post = run_post(deffile, rootfs, on_line=self._post_line)
+            if start == 0:
+                self._copy_files(deffile, rootfs, context)
+            post = self._run_steps(phases, start, rootfs, cache, keys, base)
         except RunnerError as exc:
             verdict = Verdict.REFUSED if exc.reason in ("not_root", "missing_tool") else Verdict.FAILED
             return StepResult(self.step, verdict, exc.message, reason=exc.reason if verdict is Verdict.REFUSED else "")
@@ -302,10 +320,74 @@ class SifBuild:
             return StepResult(self.step, Verdict.FAILED, f"%post {how} in {where}; no SIF was written",
                               lines=list(post.tail)[-30:],
                               data={"failed_step": post.step.marker if post.step else None})
+        _remove_volatile(rootfs)
         pin = self._pin_check(rootfs)
         if pin is not None:
             return pin
         return self._assemble(work, rootfs, deffile, base)
+
+    # --- %post step by step, through the phase cache ------------------------------------------------
+
+    def _phase_keys(self, phases, context: Path) -> tuple[Optional[PhaseCache], dict[int, str]]:
+        """The phase cache and each kept step's key; (None, {}) when this build is not cached (said why)."""
+        cache = PhaseCache.for_site(self.site, self.root, self.say)
+        if cache is None or not phases.kept():
+            return None, {}
+        if phases.why_whole:
+            self.say(f"phase cache: not used: {phases.why_whole}")
+            return None, {}
+        base_id = boot.base_identity(self.deffile)
+        if base_id is None:
+            self.say("phase cache: not used: nothing names the base's content before it is unpacked")
+            return None, {}
+        cache.sweep()
+        return cache, keys_of(self.deffile, phases, base_id, context)
+
+    def _restore(self, cache, phases, keys: dict[int, str], rootfs: Path, context: Path):
+        """(the step whose tree ROOTFS now holds, its Base) from the latest kept step with a good entry;
+        (0, None) when none: the build starts from the base."""
+        if cache is None:
+            return 0, None
+        for n in sorted(phases.kept(), reverse=True):
+            entry = cache.find(keys[n])
+            if entry is None or not cache.restore(entry, rootfs):
+                continue
+            for rel in entry.meta.get("later", []):
+                _remove_in_root(rootfs, rel)
+            self._landed = {}
+            self._copy_files(later_files(self.deffile, phases, n), rootfs, context)
+            self.say(f"phase cache: steps 1-{n} from entry {keys[n][:12]} (after step {n} {entry.meta['marker']})")
+            self.timings["restored_step"] = n
+            return n, boot.Base(source=entry.meta["base"])
+        return 0, None
+
+    def _copy_files(self, deffile: DefFile, rootfs: Path, context: Path) -> None:
+        """%files, one entry at a time: where each landed is what a cached tree must drop on restore."""
+        self._landed = getattr(self, "_landed", {})
+        count = 0
+        for item in deffile.files:
+            landed = copy_files(replace(deffile, files=(item,)), rootfs, context)
+            self._landed[item] = landed
+            count += len(landed)
+        self.say(f"%files: {count} cop{'y' if count == 1 else 'ies'}")
+
+    def _run_steps(self, phases, start: int, rootfs: Path, cache, keys: dict[int, str], base) -> PostResult:
+        # SOURCE_DATE_EPOCH: python writes hash-checked .pyc files (no source mtime in them).
+        env = {"SOURCE_DATE_EPOCH": str(self.created)}
+        if phases.why_whole:
+            return run_post(self.deffile, rootfs, on_line=self._post_line, extra_env=env)
+        post = PostResult(rc=0, tail=(), step=None, seconds=0.0)
+        for step in phases.steps[start:]:
+            post = run_post(self.deffile, rootfs, on_line=self._post_line, script=phases.script(step.n),
+                            extra_env=env)
+            if not post.ok:
+                return post
+            if cache is not None and step.n in keys and step.n in phases.kept():
+                later = sorted(p for item, ps in self._landed.items() if not 0 < owner(item, phases) <= step.n
+                               for p in ps)
+                cache.store(keys[step.n], rootfs, {"step": step.n, "marker": step.marker, "base": base.source,
+                                                   "name": self.loaded.spec.name, "later": later})
+        return post
 
     def _pin_check(self, rootfs: Path) -> Optional[StepResult]:
         """FAILED [pin_mismatch] when a package the spec pins is not what %post left (builders/pins.py), run
@@ -365,7 +447,8 @@ class SifBuild:
 
     def _assemble(self, work: Path, rootfs: Path, deffile: DefFile, base: boot.Base) -> StepResult:
         hash_ = self.resolved.hash
-        finished = finish_rootfs(rootfs, deffile, created=self.created, arch=host_arch())
+        finished = finish_rootfs(rootfs, deffile, created=self.created, arch=host_arch(),
+                                 extra_labels=self._reproducibility_labels())
         if finished.labels.get("envport.hash") != hash_:
             return StepResult(self.step, Verdict.FAILED, f"the finished image's labels carry envport.hash="
                               f"{finished.labels.get('envport.hash')!r}, not {hash_[:12]}...; no SIF was written")
@@ -380,7 +463,10 @@ class SifBuild:
         t = time.monotonic()
         from envport.builders.apptainer.squash_progress import run_mksquashfs
 
+        # Every time in the image is the build's (-all-time: files, -mkfs-time: the superblock), so the same
+        # tree gives the same bytes; mksquashfs >= 4.4 orders everything else reproducibly by default.
         code, out = run_mksquashfs(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
+                                    "-all-time", str(self.created), "-mkfs-time", str(self.created),
                                     "-progress", "-quiet"], self.say)
         self.timings["mksquashfs"] = time.monotonic() - t
         if code != 0:
@@ -399,7 +485,7 @@ class SifBuild:
         sbom_count: list[int] = []  # set by the finish step, on the partial
         info = write_sif(self.sif, deffile=deffile.text.encode("utf-8"), inspect_metadata=metadata,
                          squashfs_path=squashfs, created=self.created,
-                         uuid=hashlib.sha256(f"{hash_}:{self.created}".encode()).digest()[:16],
+                         uuid=hashlib.sha256(f"{hash_}:{digest}".encode()).digest()[:16],  # of the content
                          arch=host_arch(), extra_json=((SPEC_OBJECT, self._spec_json(base, digest, sqfs_size)),),
                          finish=lambda partial: sbom_count.append(embed_sbom(
                              partial, self.loaded, self.site, hash_, self.created, self.say, rootfs)))
@@ -412,6 +498,12 @@ class SifBuild:
                                 "setid_cleared": cleared, "devices_removed": removed, "sbom_components": packages,
                                 "ignored_labels": list(finished.ignored_labels)})
 
+    def _reproducibility_labels(self) -> dict[str, str]:
+        """Where the image's times come from and which mksquashfs wrote it (another version writes other
+        bytes from the same tree): what a rebuild needs to give the same SIF."""
+        return {"envport.source_date_epoch": f"{self.created} ({self.created_from})",
+                "envport.mksquashfs": mksquashfs_version()}
+
     def _spec_json(self, base: boot.Base, digest: str, size: int) -> bytes:
         # The partition's sha256 lets `inspect` tell a damaged copy from its build (a forger can rewrite it
         # too: only a signature says who built it).
@@ -419,6 +511,50 @@ class SifBuild:
                "site": self.site.name, "base": base.source, "partition": {"sha256": digest, "size": size},
                "spec": self.loaded.spec.model_dump(mode="json"), **embedded_lock(self.resolved.plan)}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def spec_epoch(hash_: str) -> int:
+    """The default build time: a second in 2001-2030 taken from the env's hash, so the same spec, lock and
+    site give the same SIF wherever and whenever it is built."""
+    return SPEC_EPOCH_START + int(hash_[:12], 16) % SPEC_EPOCH_SPAN
+
+
+def source_date(hash_: str) -> tuple[int, str]:
+    """(the build's time, where it came from): SOURCE_DATE_EPOCH when set, else spec_epoch."""
+    given = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if given:
+        if not given.isdigit():
+            raise SifError("bad_source_date", f"SOURCE_DATE_EPOCH={given!r}: expected seconds since 1970 "
+                                              "(an integer), e.g. $(git log -1 --format=%ct)")
+        return int(given), "SOURCE_DATE_EPOCH"
+    return spec_epoch(hash_), "derived from the env hash"
+
+
+def mksquashfs_version() -> str:
+    proc = run(["mksquashfs", "-version"], timeout=60)
+    m = re.search(r"mksquashfs version (\S+)", proc.stdout)
+    return m.group(1) if m else "unknown"
+
+
+def _remove_in_root(rootfs: Path, rel: str) -> None:
+    """Remove ROOTFS/REL (a path %files copied, as copy_files reported it), its links resolved inside ROOTFS:
+    a step may have made a directory on the way a link, and a link must never lead the removal out."""
+    from envport.builders.apptainer.post_runner import resolve_in_root
+
+    path = resolve_in_root(rootfs, os.path.dirname(rel)) / os.path.basename(rel)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _remove_volatile(rootfs: Path) -> None:
+    """Logs and caches %post's tools leave with the time in them (apt, dpkg, ldconfig): never part of the env,
+    and they would make two builds of the same spec differ."""
+    for rel in VOLATILE:
+        for path in sorted(rootfs.glob(rel)):
+            if path.is_file() or path.is_symlink():
+                path.unlink()
 
 
 def embedded_lock(plan) -> dict:

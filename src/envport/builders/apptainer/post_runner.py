@@ -173,9 +173,9 @@ def _host_file(path: str) -> str:
     return path if os.path.isfile(path) else "/dev/null"
 
 
-def bwrap_argv(bwrap: str, root: Path) -> list[str]:
+def bwrap_argv(bwrap: str, root: Path, extra_env: dict | None = None) -> list[str]:
     """The sandbox: ROOT as /, fresh /proc and minimal /dev, read-only /sys, the host's DNS files,
-    empty world-writable /tmp and /var/tmp, a clean environment; dies with its parent."""
+    empty world-writable /tmp and /var/tmp, a clean environment (plus EXTRA_ENV); dies with its parent."""
     argv = [bwrap, "--unshare-pid", "--die-with-parent", "--new-session",
             "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev", "--ro-bind", "/sys", "/sys",
             "--ro-bind", _host_file("/etc/resolv.conf"), "/etc/resolv.conf",
@@ -186,6 +186,7 @@ def bwrap_argv(bwrap: str, root: Path) -> list[str]:
             "--chdir", "/", "--clearenv"]
     env = dict(BUILD_ENV)
     env.update({k: os.environ[k] for k in PASS_ENV if k in os.environ})
+    env.update(extra_env or {})
     for key in sorted(env):
         argv += ["--setenv", key, env[key]]
     return argv + ["/bin/sh", "-c", LAUNCH]
@@ -204,8 +205,10 @@ def _pump(proc: subprocess.Popen, on_line: Callable[[str], None] | None,
 
 
 def run_post(deffile: DefFile, root: str | os.PathLike, *, on_line: Callable[[str], None] | None = None,
-             timeout_s: float | None = None) -> PostResult:
-    """Run %post in ROOT; each output line goes to ON_LINE as it comes.
+             timeout_s: float | None = None, script: str | None = None,
+             extra_env: dict | None = None) -> PostResult:
+    """Run %post in ROOT (or SCRIPT, a part of it: phases.py); each output line goes to ON_LINE as it comes.
+    EXTRA_ENV joins the build environment (SOURCE_DATE_EPOCH: python then writes hash-based .pyc files).
 
     Nothing outlives the call: on return, on an exception, on a timeout, and
     when this Python process is SIGKILLed, the sandbox and every process in it
@@ -215,7 +218,7 @@ def run_post(deffile: DefFile, root: str | os.PathLike, *, on_line: Callable[[st
     root = Path(root).absolute()  # bwrap runs from / (cwd), so a relative root would miss
     bwrap = _require_host()
     _require_rootfs(root)
-    script = deffile.script("post")
+    script = deffile.script("post") if script is None else script
     if not script.strip():
         return PostResult(rc=0, tail=(), step=None, seconds=0.0)
     script_path = root / POST_SCRIPT
@@ -228,7 +231,7 @@ def run_post(deffile: DefFile, root: str | os.PathLike, *, on_line: Callable[[st
     expired: list[bool] = []
     start = time.monotonic()
     try:
-        proc = spawn(bwrap_argv(bwrap, root), cwd="/")
+        proc = spawn(bwrap_argv(bwrap, root, extra_env), cwd="/")
         rc = _supervise(proc, timeout_s, expired, lambda: _pump(proc, on_line, tail,
                                                                  {s.n: s for s in deffile.steps}, seen))
     finally:

@@ -267,13 +267,16 @@ def _read_build_labels(root: Path) -> dict[str, str]:
     return labels
 
 
-def _merge_labels(root: Path, deffile: DefFile, created: int, arch: str) -> Finished:
-    """labels.json as insertLabelsJSON builds it: image labels, %post's labels, build labels,
-    then %labels, which never override a label the image already has (apptainer without --force)."""
+def _merge_labels(root: Path, deffile: DefFile, created: int, arch: str,
+                  extra: Mapping[str, str] | None = None) -> Finished:
+    """labels.json as insertLabelsJSON builds it: image labels, %post's labels, build labels (and the
+    builder's EXTRA ones), then %labels, which never override a label the image already has (apptainer
+    without --force)."""
     path = root / SD / "labels.json"
     labels = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     labels.update(_read_build_labels(root))
     labels.update(build_labels(deffile, created=created, arch=arch))
+    labels.update(extra or {})
     ignored = []
     for key, value in deffile.labels:
         if key in labels and labels[key] != value:
@@ -284,14 +287,14 @@ def _merge_labels(root: Path, deffile: DefFile, created: int, arch: str) -> Fini
 
 
 def finish_rootfs(root: str | os.PathLike, deffile: DefFile, *, created: int,
-                  arch: str = "amd64") -> Finished:
-    """The metadata apptainer writes after %post; returns the labels written."""
+                  arch: str = "amd64", extra_labels: Mapping[str, str] | None = None) -> Finished:
+    """The metadata apptainer writes after %post (with the builder's EXTRA_LABELS); returns the labels."""
     root = Path(root)
     if not (root / SD / "env").is_dir():
         prepare_rootfs(root)
     if help_text := deffile.script("help"):
         _write(root, f"{SD}/runscript.help", help_text + "\n", 0o644)
-    finished = _merge_labels(root, deffile, created, arch)
+    finished = _merge_labels(root, deffile, created, arch, extra_labels)
     _write(root, f"{SD}/labels.json", go_json_indent(finished.labels), 0o644)
     singularity = root / SD / "Singularity"
     if singularity.exists():

@@ -8,6 +8,7 @@ file is compressed; the line then says how long it has been running).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -39,7 +40,9 @@ def run_mksquashfs(argv: list[str], say: Callable[[str], None], tick_s: float = 
     """Run ARGV (mksquashfs ... with -progress -quiet), saying its progress every TICK_S; (exit code,
     its output with the bar's redraws cut to the last)."""
     # A SIGKILLed envport must not leave mksquashfs writing into a work dir the next run deletes.
-    proc = spawn(argv, dies_with=signal.SIGKILL)
+    # mksquashfs refuses SOURCE_DATE_EPOCH beside -all-time/-mkfs-time: the builder passes the times itself.
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    proc = spawn(argv, dies_with=signal.SIGKILL, env=env)
     chunks: list[str] = []
     state: list = [None]
 
