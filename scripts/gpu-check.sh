@@ -15,6 +15,12 @@
 # from the same JSON), and the kernel, collectives and DTensor witnesses, one
 # `envport witness --only ... --json` each: on NCCL at the largest world the
 # GPUs allow, at the full world on gloo, the rest SKIPPED with its reason.
+# JAX and Triton are recorded where the host's python has them, never assumed:
+# the doctor section says what each sees (JAX's backend and cards, Triton's
+# version, its ptxas targets and its tl.sum compile probe, run as a child from
+# a file), and the spec's `kernel: true` makes the kernel part run every
+# framework found: torch's pass, JAX's jit-compiled pass (GPU against CPU) and
+# the Triton probe, each its own row in witness-kernel.json.
 #
 # The record: $OUT/infra-gpu.md (OUT: the folder whatever runs this hands back;
 # a scratch folder when unset), copied to docs/infra-gpu.md at the end.  Its

@@ -4,7 +4,8 @@ Run by the GPU host's own python with the carried wheels first on PYTHONPATH:
 
     python gpu_check_record.py versions WHL_DIR SITE_DIR   # import envport.cli and its commands; each carried
                                                            # distribution's imported version and origin
-    python gpu_check_record.py doctor FILE SCHEMA          # validate a `doctor --json` report
+    python gpu_check_record.py doctor FILE SCHEMA          # validate a `doctor --json` report; what it saw of
+                                                           # JAX and Triton (the compile probe's verdict)
     python gpu_check_record.py witness FILE SCHEMA         # validate a `witness --json` result, print its steps
 
 Exit 0 when the file is there and valid (or the import worked), 1 otherwise, with
@@ -68,9 +69,36 @@ def _load(path: str, schema_path: str):
 
 
 def doctor(path: str, schema: str) -> int:
-    _, why = _load(path, schema)
+    data, why = _load(path, schema)
     print(why or f"{Path(path).name}: valid against {Path(schema).name}")
+    if isinstance(data, dict) and "frameworks" in data:  # a report from before JAX and Triton has no such part
+        for line in frameworks(data):
+            print(line)
     return 1 if why else 0
+
+
+def frameworks(report: dict) -> list[str]:
+    """What the doctor's probe saw of JAX and Triton, one line each: the host's python may hold neither."""
+    fw = report.get("frameworks") or {}
+    if fw.get("error"):
+        return [f"frameworks: not probed ({fw['error']})"]
+    jax = fw.get("jax")
+    if jax is None:
+        lines = ["jax: not installed in this python (no JAX witness)"]
+    elif jax.get("error"):
+        lines = [f"jax: installed, broken: {jax['error']}"]
+    else:
+        cards = ", ".join(f"{d.get('name')} cc {d.get('capability')}" for d in jax.get("devices") or [])
+        lines = [f"jax {jax.get('version')}: backend {jax.get('backend')}" + (f" ({cards})" if cards else "")]
+    triton = fw.get("triton")
+    if triton is None:
+        return lines + ["triton: not installed in this python (no compile probe)"]
+    probe = triton.get("compile") or {}
+    verdict = "SKIPPED: " + probe["skipped"] if probe.get("skipped") else \
+        "OK" if probe.get("ok") else f"FAILED: {probe.get('error')}"
+    ptxas = "; ".join(f"{k}: {' '.join(v) or 'none'}" for k, v in sorted((triton.get("ptxas") or {}).items()))
+    return lines + [f"triton {triton.get('version')}: tl.sum compile probe {verdict}",
+                    f"  ptxas targets: {ptxas or 'no bundled ptxas found'}"]
 
 
 def witness(path: str, schema: str) -> int:

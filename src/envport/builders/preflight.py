@@ -118,6 +118,12 @@ def check_gpus(ctx: Context) -> list[Finding]:
         if any(not g.get("compute_capability") for g in gpus):
             out.append(Finding("", "nvidia-smi reports no compute capability (driver < 510): sm_range not judged"))
     out.append(_driver_finding(ctx.spec, inv))
+    jax = jax_named(ctx.spec)
+    if jax:
+        # The driver above is judged against torch's pin; JAX brings its own CUDA (a plugin wheel), whose view is
+        # only known where the env runs: said, never guessed (a CPU torch beside it is not the judge).
+        out.append(Finding("", f"the env installs {jax}: JAX's view of the GPUs is judged where the env runs "
+                           f"(envport doctor --python ENV_PYTHON, the kernel witness), not from its pin"))
     return out
 
 
@@ -133,6 +139,23 @@ def torch_pin(spec: Spec) -> tuple[Optional[str], Optional[str]]:
             if canonical_name(Requirement(text).name) == "torch":
                 index_url = phase.index_url
     return last_pins(spec).get("torch"), index_url
+
+
+# Distributions whose presence says the env's accelerator may be JAX's (jax[cuda12] brings the plugin).
+JAX_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin")
+
+
+def jax_named(spec: Spec) -> Optional[str]:
+    """"jax==V" (or "jax") when a pip phase installs JAX, else None: a CPU torch beside it is not the judge."""
+    from packaging.requirements import Requirement
+
+    from envport.spec.model import canonical_name, last_pins
+
+    names = {canonical_name(Requirement(t).name) for ph in spec.pip_phases for t in ph.packages}
+    if not names & set(JAX_DISTRIBUTIONS):
+        return None
+    pin = last_pins(spec).get("jax") or last_pins(spec).get("jaxlib")
+    return f"jax=={pin}" if pin else "jax"
 
 
 def _driver_finding(spec: Spec, inv: dict) -> Finding:

@@ -20,13 +20,18 @@ def register(sub) -> None:
         "mesh needs a perfect square >= 4 free GPUs; no GPU: Slurm). Once the probed torch answers, the "
         "testable GPUs are the ones it can use (a CPU-only torch or a too-old driver uses none of those "
         "nvidia-smi lists, and the note says why); nvidia-smi's count alone decides only where torch "
-        "cannot be probed. The driver is compared with torch's CUDA build. "
+        "cannot be probed. The driver is compared with torch's CUDA build. JAX and Triton are probed too "
+        "where the interpreter holds them: JAX's backend and GPUs (a card JAX lists is judged by JAX, not "
+        "refused because torch is a CPU build), Triton's version, its ptxas targets and a tl.sum kernel "
+        "compiled and run in a child process. "
         "--env NAME judges an env's torch arch list against its sm_range without a GPU (exit 3 when "
         "it cannot cover it).")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.schema.json)")
     p.add_argument("--env", metavar="NAME", default=None, help="also judge this env's torch pin vs its sm_range")
-    p.add_argument("--python", default=None, help="interpreter whose torch to probe (default: this one)")
-    p.add_argument("--no-torch", action="store_true", help="skip the torch probe (it imports torch: seconds)")
+    p.add_argument("--python", default=None,
+                   help="interpreter whose torch, JAX and Triton to probe (default: this one)")
+    p.add_argument("--no-torch", action="store_true",
+                   help="skip the framework probes: torch, JAX and Triton (each imports its framework: seconds)")
     p.add_argument("--write-docs", action="store_true", help="write docs/infra.md (the launch recipe) under the root")
     p.add_argument("--from-json", metavar="FILE", default=None,
                    help="render a report `doctor --json` saved before, probing nothing (one probe, two renderings)")

@@ -160,30 +160,42 @@ def gpu_count() -> Optional[int]:
 
 @dataclass(frozen=True)
 class GpuCensus:
-    """GPUs counted two ways: nvidia-smi and the env's own torch.  None: that one could not be asked."""
+    """GPUs counted three ways: nvidia-smi, the env's own torch and the env's own JAX.  None: that one could not
+    be asked (or, for JAX, is not installed)."""
 
     smi: Optional[int]
     torch: Optional[int]
     where: str = "this host"  # or "the Slurm allocation (gres gpu:4)"
+    # A provider's accelerator is not always torch's: a CPU-only torch can sit beside a JAX that drives the card.
+    jax: Optional[int] = None
 
     @property
     def count(self) -> int:
-        """Whichever sees more: a sandbox without nvidia-smi still has the GPUs torch sees."""
-        return max(self.smi or 0, self.torch or 0)
+        """Whichever sees more: a sandbox without nvidia-smi still has the GPUs torch (or JAX) sees."""
+        return max(self.smi or 0, self.torch or 0, self.jax or 0)
+
+    @property
+    def judged_by(self) -> str:
+        """The framework whose view the env's GPUs are counted by: torch, else JAX where only it sees them."""
+        return "jax" if (self.jax or 0) > (self.torch or 0) else "torch"
 
     @property
     def note(self) -> str:
-        """Why the two counts differ, when they do ("" when they agree or only one was asked)."""
+        """Why the counts differ, when they do ("" when they agree or only one was asked)."""
         if self.smi is None or self.torch is None or self.smi == self.torch:
             return ""
         if self.torch < self.smi:
+            if (self.jax or 0) >= self.smi:
+                return (f"nvidia-smi lists {self.smi} GPU(s) and the env's JAX sees {self.jax}; its torch sees "
+                        f"{self.torch} (a CPU build beside a JAX on the GPU): the GPUs are judged by JAX")
             return (f"nvidia-smi lists {self.smi} GPU(s) but the env's torch sees {self.torch}: a CPU build of "
                     "torch, a driver older than torch's CUDA build, or CUDA_VISIBLE_DEVICES")
         return (f"the env's torch sees {self.torch} GPU(s) but nvidia-smi lists {self.smi}: nvidia-smi is "
                 "missing or answers oddly here (a sandboxed runtime?)")
 
     def to_dict(self) -> dict:
-        return {"nvidia_smi": self.smi, "torch": self.torch, "count": self.count, "where": self.where,
+        jax = {} if self.jax is None else {"jax": self.jax}  # only where JAX is installed: the torch shape stays
+        return {"nvidia_smi": self.smi, "torch": self.torch, **jax, "count": self.count, "where": self.where,
                 "note": self.note}
 
 
@@ -197,17 +209,19 @@ def census_from_gres(gres: Optional[str]) -> GpuCensus:
     return GpuCensus(count, None, where=f"the Slurm allocation (gres {gres or 'none'})")
 
 
-def judge_gpus(inv: dict, want: int = 1, torch_seen: Optional[int] = None, fix: str = GPU_ROUTE) -> Finding:
+def judge_gpus(inv: dict, want: int = 1, torch_seen: Optional[int] = None, fix: str = GPU_ROUTE,
+               seen_by: str = "torch") -> Finding:
     """Whether `want` GPUs are here: the one judgement preflight (the spec's resources.gpus) and doctor
     (one GPU for the GPU witnesses) make of gpu_inventory()'s answer.
 
     GPUs a probed torch sees that nvidia-smi does not list (a sandbox) count: nothing says otherwise.
+    `seen_by` names the framework whose count `torch_seen` is (JAX where a CPU torch sits beside it).
     The evidence of a refusal is what was seen: no nvidia-smi, its error, or how many it lists.
     """
     listed = len(inv.get("gpus") or [])
     count = max(listed, torch_seen or 0)
     if count >= want:
-        seen = f", torch sees {torch_seen}" if torch_seen is not None else ""
+        seen = f", {seen_by} sees {torch_seen}" if torch_seen is not None else ""
         return Finding("", f"nvidia-smi lists {listed} GPU(s){seen}", check="gpus", verdict=Verdict.OK)
     if not inv.get("nvidia_smi"):
         why = "this host has no nvidia-smi (no NVIDIA driver)"

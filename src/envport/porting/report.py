@@ -119,6 +119,7 @@ class Draft:
     # weight_dirs entries suggested from downloads: written commented out, never baked.
     suggested_weights: list[tuple[str, dict]] = field(default_factory=list)
     witness_imports: list[str] = field(default_factory=list)  # witnesses.imports, from the pip phases
+    witness_kernel: list[str] = field(default_factory=list)  # witnesses.kernel: the frameworks installed
     notes: list[Note] = field(default_factory=list)
     lost: list[Note] = field(default_factory=list)  # the LOST notes: steps whose effect the spec lacks
     name_hint: Optional[str] = None  # e.g. environment.yml's `name:`

@@ -158,7 +158,8 @@ def _weight_dirs(draft: Draft, out: Output) -> list[str]:
 def _witnesses(draft: Draft, out: Output) -> list[str]:
     if not draft.witness_imports:
         return []
-    return ["witnesses:", "  imports: [" + ", ".join(q(m) for m in draft.witness_imports) + "]"]
+    kernel = ["  kernel: [" + ", ".join(draft.witness_kernel) + "]"] if draft.witness_kernel else []
+    return ["witnesses:", "  imports: [" + ", ".join(q(m) for m in draft.witness_imports) + "]", *kernel]
 
 
 def _labels(draft: Draft, out: Output) -> list[str]:

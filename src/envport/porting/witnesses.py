@@ -1,4 +1,5 @@
-"""The witnesses an imported spec carries: one `import` per distribution its pip phases name.
+"""The witnesses an imported spec carries: one `import` per distribution its pip phases name, and the
+JAX kernel witness where the recipe installs jax or jaxlib.
 
 A recipe says what it installs, not how to tell that it worked; without a
 witness `envport witness` has nothing to check and says SKIPPED, so an
@@ -59,3 +60,24 @@ def add_import_witnesses(draft: Draft) -> None:
                    f"{', '.join(shown)}: `envport witness` imports each in the built env; a module not in "
                    f"porting/{NAMES_FILE} is its distribution's name with - as _",
                    "correct a module named otherwise; add witnesses.cli for the recipe's tools")
+    add_kernel_witness(draft)
+
+
+# Distributions whose presence means "this env's accelerator is JAX's": its kernel witness proves XLA compiles.
+JAX_DISTRIBUTIONS = frozenset({"jax", "jaxlib"})
+
+
+def add_kernel_witness(draft: Draft) -> None:
+    """witnesses.kernel: [jax] where a pip phase installs jax or jaxlib (with one note)."""
+    from packaging.requirements import Requirement
+
+    from envport.spec.model import canonical_name
+
+    names = {canonical_name(Requirement(req).name) for ph in draft.phases for req in ph.packages}
+    if not names & JAX_DISTRIBUTIONS or "jax" in draft.witness_kernel:
+        return
+    draft.witness_kernel.append("jax")
+    draft.note(None, "pip_phases", turned_into("witnesses.kernel"),
+               f"{', '.join(sorted(names & JAX_DISTRIBUTIONS))}: `envport witness` runs JAX's kernel witness (a "
+               "seeded jit-compiled MLP on JAX's default backend; on a GPU also on the CPU, compared)",
+               "write kernel: true to witness every framework the env holds (torch, jax, triton)")

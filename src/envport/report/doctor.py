@@ -49,7 +49,8 @@ from envport.core.arch import (
     torch_flavour,
 )
 
-SCHEMA_VERSION = 3  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields; 3: findings
+SCHEMA_VERSION = 4  # 2: census, driver, topology_pairs, tier "basic" (one GPU runs locally), [N/A] fields; 3: findings;
+# 4: frameworks (JAX, Triton), census.jax, arch[].judged_by
 
 RECOMMENDED_FREE_DISK_GB = 150.0  # images + envs + weights + build caches
 
@@ -165,7 +166,20 @@ def gpu_configurations(free_gpus: int, why: str = "") -> dict:
             "tier": tier, "route": route, "cpu_gloo": True, "note": note}
 
 
-def usable_gpus(free: int, torch_info: dict, driver: dict) -> tuple[int, str]:
+def usable_gpus(free: int, torch_info: dict, driver: dict, frameworks: Optional[dict] = None) -> tuple[int, str]:
+    """Free GPUs the probed frameworks can use: torch's count (_torch_usable), or JAX's where it sees more
+    (a CPU-only torch beside a JAX that drives the card: the GPUs are JAX's, and the note says so)."""
+    from envport.report.frameworks import jax_gpus, jax_said
+
+    seen, why = _torch_usable(free, torch_info, driver)
+    by_jax = min(free, len(jax_gpus(frameworks or {})))
+    if by_jax > seen or (by_jax and by_jax == free and why):
+        torch_part = why.rsplit("; counted", 1)[0] if why else f"torch sees {seen}"
+        return by_jax, f"{torch_part}; {jax_said(frameworks or {})} sees {by_jax}: counted {by_jax}, judged by JAX"
+    return seen, why
+
+
+def _torch_usable(free: int, torch_info: dict, driver: dict) -> tuple[int, str]:
     """Free GPUs the probed torch can use, and why fewer than nvidia-smi lists ("" when none are lost).
 
     Once torch answered, its device count caps the free ones: nvidia-smi lists
@@ -191,7 +205,18 @@ def usable_gpus(free: int, torch_info: dict, driver: dict) -> tuple[int, str]:
                   f"{torch_info.get('python')} can use {seen}: {cause}; counted {seen}")
 
 
-def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
+def arch_vs_gpus(torch_info: dict, gpus: list[dict], frameworks: Optional[dict] = None) -> list[dict]:
+    """Each GPU judged by the framework that can drive it: torch's arch list first, then JAX (a card JAX lists is
+    not refused because the env's torch is a CPU build); `judged_by` names which."""
+    from envport.report.frameworks import jax_gpus, judge_by_jax
+
+    rows = _torch_arch(torch_info, gpus or [{"index": d.get("index"), "compute_capability": d.get("capability")}
+                                            for d in jax_gpus(frameworks or {})])
+    return [(r.get("runnable") is not True and judge_by_jax(r["index"], r.get("capability"), frameworks or {},
+                                                              r["detail"])) or r for r in rows]
+
+
+def _torch_arch(torch_info: dict, gpus: list[dict]) -> list[dict]:
     """torch's arch list judged against each GPU's capability."""
     arch_list = torch_info.get("arch_list") if torch_info.get("available") else None
     out = []
@@ -204,12 +229,13 @@ def arch_vs_gpus(torch_info: dict, gpus: list[dict]) -> list[dict]:
             dev = next((d for d in torch_info.get("devices", []) if d.get("index") == gpu.get("index")), None)
             cap = dev.get("capability") if dev else None
         if cap is None or arch_list is None:
-            out.append({"index": gpu["index"], "capability": None, "runnable": None,
+            out.append({"index": gpu["index"], "capability": cap, "runnable": None, "judged_by": "torch",
                         "detail": "unknown: no capability or no torch to compare"})
             continue
         match = gpu_runnable(parse_capability(cap), arch_list)
         d = match.to_dict()
         d["index"] = gpu["index"]
+        d["judged_by"] = "torch"
         d["detail"] = (f"{sm_name(match.capability)} runs via {match.via}" + (" (PTX JIT)" if match.jit else "")
                        if match.runnable else match.reason)
         out.append(d)
@@ -239,22 +265,46 @@ def env_arch(spec) -> dict:
         verdict = range_verdict(spec.sm_range, arch_list)
         out.update(verdict=verdict.to_dict(), ok=verdict.ok,
                    detail=f"torch {pin} ({flavour}): {verdict.detail}")
+    return _cpu_torch_beside_jax(spec, out)
+
+
+def _cpu_torch_beside_jax(spec, out: dict) -> dict:
+    """A CPU torch in an env that installs JAX does not judge the card: JAX does, once the env runs on it.
+
+    Seed 002: an AlphaFold 3 env pins a CPU-only torch for its weights converter while JAX drives the GPU, and
+    a verdict from torch's empty arch list refused an env that works.  Not judged from a pin, and said so.
+    """
+    from envport.builders.preflight import jax_named
+
+    jax = jax_named(spec)
+    if out.get("flavour") != "cpu" or jax is None or out.get("ok") is not False:
+        return out
+    out.update(verdict=None, ok=None,
+               detail=f"torch {out['torch_pin']} is a CPU build and the env installs {jax}: its GPU is JAX's, "
+               f"judged by JAX where the env runs (`envport doctor --python ENV_PYTHON`, `envport witness "
+               f"{spec.name} --only kernel` on a GPU), not refused for torch's empty arch list")
     return out
 
 
 def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_torch: bool = True,
             spec=None) -> dict:
     """The whole report as one dict (see docs/doctor.schema.json)."""
+    from envport.report.frameworks import frameworks_probe, jax_gpus, triton_probe
+
     inv = gpu_inventory()
     torch_info = torch_probe(python) if probe_torch else {"python": python or sys.executable,
                                                            "available": False, "error": "not probed"}
+    # JAX and Triton are probed with torch (--no-torch skips every framework probe: each imports its framework).
+    frameworks = frameworks_probe(python) if probe_torch else {}
+    if "triton" in frameworks:
+        frameworks["triton"]["compile"] = triton_probe(python)
     torch_seen = len(torch_info.get("devices") or []) if torch_info.get("available") else None
     census = GpuCensus(None if inv["nvidia_smi"] is None or (inv["error"] and not inv["gpus"]) else len(inv["gpus"]),
-                       torch_seen)
+                       torch_seen, jax=len(jax_gpus(frameworks)) if "jax" in frameworks else None)
     # GPUs torch sees that nvidia-smi does not list (a sandbox) count as free: nothing says otherwise.
     free = len([g for g in inv["gpus"] if not g["in_use"]]) + max(0, census.count - len(inv["gpus"]))
     driver = driver_check(inv["driver"], inv["cuda_driver"], torch_info.get("cuda"))
-    free, why = usable_gpus(free, torch_info, driver)
+    free, why = usable_gpus(free, torch_info, driver, frameworks)
     topo = topology()
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -268,8 +318,9 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
         "topology": topo,
         "topology_pairs": topology_pairs(topo),
         "torch": torch_info,
+        "frameworks": frameworks,
         "driver": driver,
-        "arch": arch_vs_gpus(torch_info, inv["gpus"]),
+        "arch": arch_vs_gpus(torch_info, inv["gpus"], frameworks),
         "disk": disk(workdir or Path.cwd()),
         "shm": shm(),
         "tools": tools(),
@@ -318,7 +369,9 @@ def said(f: Finding) -> str:
 def check_gpus(report: dict) -> list[Finding]:
     """At least one GPU for the GPU witnesses (else they take the Slurm route)."""
     census = report.get("census") or {}
-    return [judge_gpus(report["gpus"], 1, census.get("torch"),
+    jax_n = census.get("jax") or 0
+    return [judge_gpus(report["gpus"], 1, census.get("torch") if jax_n <= (census.get("torch") or 0) else jax_n,
+                       seen_by="torch" if jax_n <= (census.get("torch") or 0) else "JAX",
                        fix="the GPU witnesses take the Slurm route (envport slurm submit); CPU witnesses "
                        "(gloo) run here")]
 
@@ -340,7 +393,11 @@ def check_arch(report: dict) -> list[Finding]:
             out.append(Finding("arch_uncovered", a["detail"], "route the job to a GPU torch's arch list covers, "
                                "or pin a torch built for this card", check="arch"))
         else:
-            out.append(Finding("", a["detail"], check="arch", verdict=Verdict.OK if runnable else None))
+            # Where JAX is there too, the verdict names the framework that judged the card (a JAX row says so).
+            judged = a.get("judged_by") or "torch"
+            said_by = f" (judged by {judged})" if judged == "torch" and (report.get("frameworks") or {}).get("jax") \
+                else ""
+            out.append(Finding("", a["detail"] + said_by, check="arch", verdict=Verdict.OK if runnable else None))
     return out
 
 
@@ -370,7 +427,14 @@ def check_env(report: dict) -> list[Finding]:
     return [Finding("", e["detail"], check="env", verdict=Verdict.OK if e.get("ok") else None)]
 
 
-CHECKS = (check_gpus, check_driver, check_arch, check_disk, check_docker, check_env)
+def check_triton(report: dict) -> list[Finding]:
+    """Triton's compile probe (a tl.sum kernel in a child): only where the probed interpreter holds Triton."""
+    from envport.report.frameworks import triton_finding
+
+    return triton_finding(((report.get("frameworks") or {}).get("triton") or {}).get("compile"))
+
+
+CHECKS = (check_gpus, check_driver, check_arch, check_triton, check_disk, check_docker, check_env)
 
 
 def findings(report: dict) -> list[Finding]:

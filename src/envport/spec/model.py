@@ -372,15 +372,47 @@ def _module(value: str) -> str:
     return value
 
 
+# The frameworks a kernel witness exists for (witness/scripts/kernel.py), in the order they run.
+KERNEL_FRAMEWORKS = ("torch", "jax", "triton")
+KernelFramework = Literal[KERNEL_FRAMEWORKS]  # type: ignore[valid-type]
+
+
+def _kernel_shape(value: Any) -> Any:
+    """One message for a wrong `kernel` (pydantic's own names both union branches, the list's as a Literal)."""
+    choices = ", ".join(KERNEL_FRAMEWORKS)
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"{value!r} is neither a valid boolean nor a list: write true (every framework the env "
+                         f"holds) or false, unquoted, or a list of {choices}")
+    if not value:
+        raise ValueError("an empty list asks for no kernel witness: write false (or true for every framework)")
+    unknown = [v for v in value if v not in KERNEL_FRAMEWORKS]
+    if unknown:
+        raise ValueError(f"{', '.join(map(repr, unknown))}: no kernel witness for that framework; choose from "
+                         f"{choices}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{value}: each framework once")
+    return value
+
+
 class Witnesses(Model):
     imports: list[Annotated[str, AfterValidator(_module)]] = []
     cli: list[Annotated[CliCheck, BeforeValidator(_cli_shape, json_schema_input_type=CliCheck)]] = []
-    kernel: StrictBool = False
+    kernel: Annotated[Union[StrictBool, list[KernelFramework]], BeforeValidator(_kernel_shape)] = Field(
+        default=False, description="the kernel witness: true runs one for every framework the env holds "
+        "(torch, jax, triton), a list names them (a named framework the env lacks is FAILED)")
     collectives: Optional[Collectives] = None
     dtensor: Optional[DTensorCheck] = None
     # The third validation level: docs whose `console` transcripts run verbatim inside the env.
     docs: list[ShimSource] = Field(default=[], description="markdown files under specs/ (e.g. "
                                    "files/NAME/USAGE.md) whose console transcripts run inside the env")
+
+    def kernel_frameworks(self) -> Optional[list[str]]:
+        """The frameworks the kernel witness names; None for `true` (every one the env holds), [] for none."""
+        if self.kernel is True:
+            return None
+        return list(self.kernel) if self.kernel else []
 
 
 class Resources(Model):

@@ -1,4 +1,4 @@
-"""How many GPUs a witness run has: nvidia-smi's count, and the env's own torch through the launcher."""
+"""How many GPUs a witness run has: nvidia-smi's count, and the env's own torch and JAX through the launcher."""
 
 from __future__ import annotations
 
@@ -18,34 +18,51 @@ def host_gpu_count() -> int:
     return gpu_count() or 0
 
 
-def _torch_gpus(launcher, env: dict, opts: WitnessOptions) -> tuple[Optional[int], list[str]]:
-    """(GPUs the env's torch sees, torch's own words when it sees none); (None, why) where it did not answer."""
+def _env_gpus(launcher, env: dict, opts: WitnessOptions) -> tuple[Optional[int], Optional[int], list[str]]:
+    """(GPUs the env's torch sees, GPUs its JAX sees, the words behind them); None where one did not answer
+    (or JAX is not installed)."""
     launched = launcher.run("gpus.py", [], env, opts.check_timeout_s + LAUNCH_MARGIN_S, None)
     rec = next((r for r in parse_sentinels(launched.output) if r["check"] == "gpus"), None)
     if rec is None:
-        return None, [f"the env's torch did not answer: {why_missing(launched, opts.check_timeout_s)}"]
+        return None, None, [f"the env's torch did not answer: {why_missing(launched, opts.check_timeout_s)}"]
+    jax_n, words = _jax_gpus(rec.get("jax"))
     if not rec.get("ok"):
-        return None, [f"the env's torch: {rec.get('error')}"]
-    return int(rec.get("count") or 0), [str(x) for x in rec.get("warnings") or []]
+        return None, jax_n, [f"the env's torch: {rec.get('error')}"] + words
+    return int(rec.get("count") or 0), jax_n, [str(x) for x in rec.get("warnings") or []] + words
+
+
+def _jax_gpus(jax: Optional[dict]) -> tuple[Optional[int], list[str]]:
+    """The GPUs the env's JAX lists, and a line saying so (None, [] where JAX is not installed)."""
+    if jax is None:
+        return None, []
+    if jax.get("error"):
+        return None, [f"jax: {jax['error']}"]
+    devices = jax.get("devices") or []
+    cards = ", ".join(f"{d.get('name')} cc {d.get('capability') or '?'}" for d in devices)
+    return len(devices), [f"jax {jax.get('version')}: backend {jax.get('backend')}, {len(devices)} GPU(s)"
+                          + (f" ({cards})" if cards else "")]
 
 
 def gpu_census(spec: Spec, opts: WitnessOptions, launcher, env: dict) -> tuple[Optional[GpuCensus], list[str]]:
-    """Count the GPUs (nvidia-smi, then the env's torch where GPUs may be there); None for --device cpu."""
+    """Count the GPUs (nvidia-smi, then the env's torch and JAX where GPUs may be there); None for --device cpu."""
     if opts.device == "cpu":
         return None, []
     from envport.engines.gpu import gpu_count
 
     smi = opts.host_gpus if opts.host_gpus is not None else gpu_count()
-    torch_n, words = opts.torch_gpus, []
+    torch_n, jax_n, words = opts.torch_gpus, None, []
     if torch_n is None and (requires_gpu(spec, opts) or (smi or 0) > 0):
-        torch_n, words = _torch_gpus(launcher, env, opts)
-    return GpuCensus(smi, torch_n), words
+        torch_n, jax_n, words = _env_gpus(launcher, env, opts)
+    return GpuCensus(smi, torch_n, jax=jax_n), words
 
 
 def census_result(census: GpuCensus, words: list[str]) -> StepResult:
     smi = "absent" if census.smi is None else str(census.smi)
     torch_n = "did not answer" if census.torch is None else str(census.torch)
+    # JAX named only where the env holds it: a torch-only env's line reads as it always did.
+    jax_n = "" if census.jax is None else f"; the env's JAX: {census.jax}; judged by {census.judged_by}"
     lines = [f"note: {census.note}"] if census.note else []
-    lines += [f"torch: {w}" for w in words]
+    lines += [w if w.startswith("jax") else f"torch: {w}" for w in words]
     return StepResult("gpus", Verdict.OK, f"{census.count} GPU(s) on {census.where} (nvidia-smi: {smi}; "
-                      f"the env's torch: {torch_n})", lines=lines, data={"census": census.to_dict()})
+                      f"the env's torch: {torch_n}{jax_n})", lines=lines,
+                      data={"census": census.to_dict()})

@@ -128,31 +128,92 @@ def _basic_results(spec: Spec, call: WitnessCall, records: list[dict], launched)
     return out
 
 
+def kernel_step(framework: str) -> str:
+    """A kernel witness's row: torch's keeps the plain name it always had, another framework's names it."""
+    return "kernel" if framework == "torch" else f"kernel ({framework})"
+
+
 def _kernel_results(spec: Spec, call: WitnessCall, records: list[dict], launched) -> list[StepResult]:
-    rec = next((r for r in records if r["check"] == "kernel"), None)
-    if rec is None:
-        return [StepResult("kernel", Verdict.FAILED, why_missing(launched, call.deadline_s + LAUNCH_MARGIN_S),
-                           lines=_tail(launched), seconds=launched.seconds)]
+    """One row per framework: each named one (`kernel: [torch, jax]`) or each one the env held (`true`)."""
+    # A record without `framework` came from a kernel witness that knew only torch.
+    by_fw = {r.get("framework") or "torch": r for r in records if r["check"] == "kernel"}
+    named = spec.witnesses.kernel_frameworks()
+    if not named and by_fw and not any(r.get("ok") or "device" in r or r.get("skipped") for r in by_fw.values()):
+        return [_nothing_to_witness(by_fw, launched)]
+    out = []
+    for fw in named or list(by_fw) or ["torch"]:
+        rec = by_fw.get(fw)
+        if rec is None:
+            out.append(StepResult(kernel_step(fw), Verdict.FAILED,
+                                  why_missing(launched, call.deadline_s + LAUNCH_MARGIN_S),
+                                  lines=_tail(launched), seconds=launched.seconds))
+        else:
+            out.append(_kernel_row(spec, fw, rec, launched))
+    return out
+
+
+def _nothing_to_witness(by_fw: dict, launched) -> StepResult:
+    """`kernel: true` in an env that holds none of the frameworks: one row naming each one's import error."""
+    said = "; ".join(f"{fw}: {r.get('error')}" for fw, r in by_fw.items())
+    if len(by_fw) == 1:
+        said = next(iter(by_fw.values())).get("error") or said
+    return StepResult("kernel", Verdict.FAILED, said, seconds=launched.seconds,
+                      lines=[f"fix: install {' or '.join(by_fw)} in the env, or set witnesses.kernel: false"])
+
+
+# A Triton that cannot build a kernel for the card: the FAILED row's token (the witness and the doctor alike).
+TRITON_REASON = "triton_cannot_compile"
+# Where a Triton that cannot build its kernels for the card leaves an env (seed 002: each was the way out somewhere).
+TRITON_ROUTES = ("a Triton whose LLVM and bundled ptxas know this card, pinned in the spec (a decision: it deviates "
+                 "from the recipe's lock)", "the model's own switch that turns its Triton kernels off, where it has "
+                 "one", "a host whose card this Triton knows (route the job by sm_range)")
+
+
+def _triton_row(rec: dict, secs: float) -> StepResult:
+    """The compile probe: SKIPPED without a GPU (its reason), OK when the child printed its line, FAILED naming
+    the card's sm, the Triton version and the routes out (the child's abort is its verdict, not envport's)."""
+    version = rec.get("triton")
+    if version is None:  # the spec names triton and the env cannot import it
+        return StepResult(kernel_step("triton"), Verdict.FAILED, rec.get("error") or "triton is not importable",
+                          lines=["fix: install triton in the env, or drop it from witnesses.kernel"], seconds=secs)
+    if rec.get("skipped"):
+        return StepResult(kernel_step("triton"), Verdict.SKIPPED, f"triton {version}: {rec['skipped']}", seconds=secs)
+    card = f"{rec.get('sm', '?')} ({rec.get('gpu', 'GPU')})"
+    if rec.get("ok"):
+        return StepResult(kernel_step("triton"), Verdict.OK, f"triton {version} compiled and ran a tl.sum kernel on "
+                          f"{card} in a child process", seconds=secs)
+    lines = [f"  {ln}" for ln in rec.get("tail") or []]
+    lines += [f"route out: {r}" for r in TRITON_ROUTES]
+    return StepResult(kernel_step("triton"), Verdict.FAILED, f"triton {version} cannot build a tl.sum kernel for "
+                      f"{card}: {rec.get('error', 'no reason given')}", reason=TRITON_REASON, lines=lines,
+                      seconds=secs)
+
+
+def _kernel_row(spec: Spec, fw: str, rec: dict, launched) -> StepResult:
     secs = float(rec.get("seconds") or launched.seconds)
-    detail = (f"{rec.get('device', '?')}: shape {rec.get('shape')}, checksum {rec.get('checksum')} "
-              f"(torch {rec.get('torch', '?')})")
+    if fw == "triton":
+        return _triton_row(rec, secs)
+    version = rec.get(fw) or "?"
+    detail = f"{rec.get('device', '?')}: shape {rec.get('shape')}, checksum {rec.get('checksum')} ({fw} {version})"
     lines: list[str] = []
     ok = bool(rec.get("ok"))
+    if rec.get("gpu_is"):
+        # The env's GPU is another framework's (a CPU torch beside a JAX on the card): this one proves the CPU.
+        detail += f"; {fw} sees no GPU, {rec['gpu_is']} drives it"
     if rec.get("capability") and rec.get("arch_list") is not None:
-        from envport.core.arch import gpu_runnable, parse_capability, sm_name
+        detail += _arch_said(rec, lines)
+    elif rec.get("capability"):
+        from envport.core.arch import sm_name
+
+        detail += f"; {rec.get('gpu', 'GPU')} {sm_name(tuple(rec['capability']))} (judged by {fw})"
+    if rec.get("capability") and spec.sm_range:
+        from envport.core.arch import parse_capability, sm_name
 
         cap = tuple(rec["capability"])
-        match = gpu_runnable(cap, rec["arch_list"])
-        detail += f"; {rec.get('gpu', 'GPU')} {sm_name(cap)} via {match.via or 'nothing'}"
-        if match.jit:
-            detail += " (PTX JIT)"
-        if not match.runnable:
-            lines.append(f"arch: {match.reason}")
-        if spec.sm_range:
-            lo, hi = (parse_capability(s) for s in spec.sm_range)
-            if not lo <= cap <= hi:
-                lines.append(f"note: this GPU ({sm_name(cap)}) is outside the spec's sm_range "
-                             f"{spec.sm_range[0]}..{spec.sm_range[1]}")
+        lo, hi = (parse_capability(s) for s in spec.sm_range)
+        if not lo <= cap <= hi:
+            lines.append(f"note: this GPU ({sm_name(cap)}) is outside the spec's sm_range "
+                         f"{spec.sm_range[0]}..{spec.sm_range[1]}")
     if not ok:
         detail = rec.get("error") or detail
         from envport.core.arch import no_kernel_image_hint
@@ -160,7 +221,21 @@ def _kernel_results(spec: Spec, call: WitnessCall, records: list[dict], launched
         hint = no_kernel_image_hint(rec.get("error"), rec.get("capability"), rec.get("arch_list"))
         if hint:
             lines.append(f"fix: {hint}")
-    return [StepResult("kernel", Verdict.OK if ok else Verdict.FAILED, detail, lines=lines, seconds=secs)]
+    return StepResult(kernel_step(fw), Verdict.OK if ok else Verdict.FAILED, detail, lines=lines, seconds=secs)
+
+
+def _arch_said(rec: dict, lines: list[str]) -> str:
+    """torch's arch list against the card it ran on: the words for the detail, an `arch:` line when uncovered."""
+    from envport.core.arch import gpu_runnable, sm_name
+
+    cap = tuple(rec["capability"])
+    match = gpu_runnable(cap, rec["arch_list"])
+    said = f"; {rec.get('gpu', 'GPU')} {sm_name(cap)} via {match.via or 'nothing'}"
+    if match.jit:
+        said += " (PTX JIT)"
+    if not match.runnable:
+        lines.append(f"arch: {match.reason}")
+    return said
 
 
 def _fmt_failure(rank: int, op: dict) -> str:

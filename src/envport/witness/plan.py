@@ -176,7 +176,11 @@ def _kernel_call(spec: Spec, opts: WitnessOptions, gpus: int, census: Optional[G
     if not (_wanted("kernel", opts) and spec.witnesses.kernel):
         return None
     device = "cuda" if gpus else ("cpu" if opts.device == "cpu" or census is not None else opts.device)
-    return WitnessCall("kernel.py", ["--device", device], ["kernel"], opts.deadline_s, "kernel")
+    # `kernel: true` names none: the script runs every framework the env holds (the plan reads no env).
+    named = [a for f in spec.witnesses.kernel_frameworks() or [] for a in ("--framework", f)]
+    # The deadline bounds Triton's compile child inside the call's own (an abort or a hang there is its row).
+    return WitnessCall("kernel.py", ["--device", device, "--deadline", str(opts.deadline_s)] + named, ["kernel"],
+                       opts.deadline_s, "kernel")
 
 
 def _docs_call(spec: Spec, opts: WitnessOptions) -> tuple[Optional[WitnessCall], list[StepResult]]:
