@@ -50,7 +50,8 @@ def register(sub) -> None:
                    "(apptainer build docker-daemon://..., or envport's builder without %%post)")
     p.add_argument("--sign", default=None, metavar="KEY.pem",
                    help="apptainer: sign the SIF last with this PEM private key, as `envport sign FILE.sif --key "
-                   "KEY.pem` does (DSSE, apptainer's format); present when already signed by it")
+                   "KEY.pem` does (DSSE, apptainer's format), and attest its SLSA provenance with the same key, as "
+                   "`envport attest` does (docs/provenance.md); present when already signed by it")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(func=run)
 
@@ -103,9 +104,8 @@ def run(args) -> int:
     if args.sign and built.last.verdict.ok and built.last.data.get("sif"):
         from pathlib import Path
 
-        from envport.commands.sign import sign_step
 
-        results.append(sign_step(Path(built.last.data["sif"]), [args.sign], None))
+        results.append(_signed_and_attested(Path(built.last.data["sif"]), args.sign))
     code = report(results, args.json, command="build")
     # --check builds nothing: a record per check made 12 `build FAILED` rows for 0 failed builds.
     # The ledger keeps the build's facts (sif, size); a signature is in the file.
@@ -115,6 +115,28 @@ def run(args) -> int:
         shown = results[-1] if not results[-1].verdict.ok else built.last  # a failed signature, else the build
         print(f"{shown.verdict.value} {identity.ref} --target {args.target}")
     return code
+
+
+def _signed_and_attested(sif, key: str):
+    """The sign step, its detail naming the SLSA provenance statement the same key attested into the SIF
+    (commands/attest.py; present when one by that key is there): one step, since both are the signer's word
+    on this file. A provenance that failed is that step's verdict."""
+    from dataclasses import replace
+
+    from envport.commands.attest import attest_step, provenance_present
+    from envport.commands.sign import sign_step
+
+    signed = sign_step(sif, [key], None)
+    if not signed.verdict.ok:
+        return signed
+    if provenance_present(sif, key):
+        return replace(signed, detail=f"{signed.detail}; SLSA provenance already attested by this key")
+    attested = attest_step(sif, [key])
+    if not attested.verdict.ok:
+        return replace(attested, step=signed.step, detail=f"signed ({signed.detail}); provenance not attested: "
+                       f"{attested.detail}")
+    return replace(signed, detail=f"{signed.detail}; provenance: {attested.detail}",
+                   data={**signed.data, "provenance": attested.data})
 
 
 def _rememberable(args, loaded) -> bool:

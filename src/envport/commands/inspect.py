@@ -60,17 +60,20 @@ def run(args) -> int:
         result = verdict(report, not_envport(report))
     else:
         result = verdict(report, _compare(args, report))
-    signed, checked = _signatures(args, report.info or path)
+    keys = _keys(args)
+    signed, checked = verify_step(report.info or path, keys, [])
+    statements = _statements(report.info, keys)
     # A file the signature reader cannot read either: the inspect step above already says why.
     steps = [result] + ([signed] if signed.verdict is not Verdict.FAILED else [])
     code = exit_code(steps)
     if args.json:
         print_json(envelope("inspect", code, steps, sif=report.facts,
-                            signatures=checked.to_dict() if checked else None))
+                            signatures=checked.to_dict() if checked else None,
+                            statements=[j.to_dict() for j in statements]))
         return code
     _print_facts(report)
     # Every line below may hold text from the file (labels, names, messages quoting them): escaped.
-    for line in signature_lines(checked):
+    for line in signature_lines(checked) + statement_lines(statements):
         print(shown(line))
     # The inspect verdict last: the run ends with its one-line verdict (the signatures' step before it).
     for step in steps[1:] + steps[:1]:
@@ -80,15 +83,49 @@ def run(args) -> int:
     return code
 
 
-def _signatures(args, source):
-    """(StepResult, SignatureReport): the signatures judged against --key and the site's trust.keys by
-    sif/gate.py `judge_trust`, the judgement `envport pull` makes of the same file with the same keys."""
+def _keys(args) -> list:
+    """--key and the site's trust.keys, loaded: the signatures are judged against them by sif/gate.py
+    `judge_trust` (the judgement `envport pull` makes of the same file with the same keys), and so are the
+    in-toto statements."""
     from envport.commands._common import root_or_here
     from envport.plan.site import load_site
     from envport.sif.gate import load_trust_keys
 
     # Outside any project (an admin's folder): the local site's defaults.
-    return verify_step(source, load_trust_keys(args.key, load_site(args.site, root_or_here(args)).trust_keys()), [])
+    return load_trust_keys(args.key, load_site(args.site, root_or_here(args)).trust_keys())
+
+
+def _statements(info, keys) -> list:
+    """The SIF's in-toto statements judged (sif/provenance/judge.py); [] for a file that did not read."""
+    from envport.sif.provenance.attest import primary_of
+    from envport.sif.provenance.judge import judge_statements
+    from envport.sif.format import SifError
+
+    if info is None:
+        return []
+    try:
+        return judge_statements(info, primary_of(info), keys)
+    except SifError:  # no primary partition: the inspect step says so
+        return []
+
+
+def statement_lines(statements) -> list[str]:
+    """One line per statement: object, predicate type, verdict, signer; a witness statement's checks."""
+    lines = []
+    for j in statements:
+        who = j.by or ", ".join(j.signers) or "nobody"
+        lines.append(f"statement    object {j.object_id}: {j.predicate_type or '?'}: {j.verdict} ({who}): {j.detail}")
+        pred = (j.statement or {}).get("predicate") or {}
+        if j.witnessed:
+            lines.append(f"witnessed    {pred.get('verdict', '?')} on {pred.get('launcher', '?')}, "
+                         f"{(pred.get('host') or {}).get('arch', '?')}, {len(pred.get('gpus') or [])} GPU census: "
+                         + ", ".join(f"{c} {'OK' if ok else 'FAILED'}" for c, ok in j.witnessed.items()))
+        build = (pred.get("runDetails") or {}).get("builder") if isinstance(pred, dict) else None
+        if build:
+            deps = (pred.get("buildDefinition") or {}).get("resolvedDependencies") or []
+            version = ", ".join(f"{k} {v}" for k, v in sorted((build.get("version") or {}).items()))
+            lines.append(f"provenance   built by {build.get('id')} ({version}), {len(deps)} resolved dependencies")
+    return lines
 
 
 def _compare(args, report):

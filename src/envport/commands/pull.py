@@ -39,6 +39,10 @@ def register(sub) -> None:
     p.add_argument("--key", action="append", default=[], metavar="PUB.pem",
                    help="PEM public key to check the SIF's signatures against (beside the site's trust.keys); "
                    "repeatable. A private key is used by its public half, with a warning")
+    p.add_argument("--statements", action="store_true",
+                   help="also fetch the in-toto statements attached to the SIF as OCI referrers (envport push "
+                   "attaches those the SIF carries) into FILE.sif.intoto.jsonl beside it, one DSSE envelope a "
+                   "line (docs/provenance.md); they are judged where they are read")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=run)
 
@@ -129,7 +133,31 @@ def run(args) -> int:
         final = Path(args.output) / registry.file_name(ref)
         print(f"{step}: stopped; nothing was written to {final} and no partial file is left", file=sys.stderr)
         raise
-    return report([_pulled(step, out, found, time.monotonic() - start)], args.json, command="pull")
+    steps = [_pulled(step, out, found, time.monotonic() - start)]
+    if args.statements:
+        steps.append(_statements(ref, Path(out["path"]), site.registry_ca))
+    return report(steps, args.json, command="pull")
+
+
+def _statements(ref, sif: Path, ca):
+    """The in-toto referrers of REF written beside SIF as SIF.intoto.jsonl (none: no file)."""
+    from envport.core.files import write_atomic
+    from envport.core.verdict import StepResult, Verdict
+    from envport.engines.referrers import fetch_statements
+    from envport.engines.registry import RegistryError
+
+    step = f"statements {ref}"
+    try:
+        found = fetch_statements(ref, ca=ca)
+    except RegistryError as exc:
+        return StepResult(step, Verdict.REFUSED, f"the SIF was pulled; its statements were not: {exc}",
+                          reason=exc.reason)
+    if not found:
+        return StepResult(step, Verdict.OK, "no in-toto statement is attached to it")
+    path = sif.with_name(sif.name + ".intoto.jsonl")
+    write_atomic(path, "".join(e.decode("utf-8") + "\n" for e in found))
+    return StepResult(step, Verdict.OK, f"{len(found)} in-toto statement(s) into {path}",
+                      data={"path": str(path), "count": len(found)})
 
 
 def _pulled(step: str, out: dict, found: list[str], seconds: float):

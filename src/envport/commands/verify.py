@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg, project_root
+from envport.commands.attest import add_attest_arg
 from envport.targets.base import VERIFY
 from envport.targets.registry import get, hosted, names
 
@@ -36,6 +37,7 @@ def register(sub) -> None:
                    "checked through testinfra ssh:// with the site's ssh_config (verify/backends.py)")
     add_embedded_spec_arg(p, "apptainer: verify the SIF")
     add_no_lock_arg(p, "verify")
+    add_attest_arg(p, "this verification")
     p.add_argument("--junit", default=None, help="JUnit XML path (default: reports/verify-<name>.xml)")
     p.add_argument("--json", action="store_true", help="print the verdict and every check as JSON")
     p.set_defaults(func=run)
@@ -49,6 +51,9 @@ def run(args) -> int:
 
     from envport.core.extras import VERIFY_MODULES, refusal
 
+    from envport.commands.attest import require_sif_target
+
+    require_sif_target(args, "verify")
     target = get(args.target)
     root = embedded_root(args, args.spec)
     project = root is None
@@ -65,6 +70,7 @@ def run(args) -> int:
 
     if not target.supports(VERIFY):
         return report([target.refuse(VERIFY).result(f"verify {loaded.spec.name}")], args.json, command="verify")
+    started = _now()
     try:
         result = target.verify(VerifyRequest(loaded, site, root, host=args.host, image=args.image,
                                              sif=Path(args.sif).resolve() if args.sif else None, junit=junit,
@@ -80,7 +86,26 @@ def run(args) -> int:
                   **({"spec_hash": identity.hash} if differs else {}))
     if note and not args.json:
         print(note)
-    return report([result], args.json, command="verify")
+    steps = [result]
+    if args.attest:
+        steps.append(_attest(args, site, root, loaded, identity, result, started))
+    return report(steps, args.json, command="verify")
+
+
+def _now():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+def _attest(args, site, root, loaded, identity, result, started):
+    """--attest: the verification attested into the SIF that was verified, as a witness statement."""
+    from envport.commands.attest import witness_attest_step
+
+    sif = str(Path(args.sif).resolve()) if args.sif else str(get(args.target).built_file(site, root, identity))
+    return witness_attest_step(sif, args.attest, env=loaded.spec.name, env_hash=identity.hash, target=args.target,
+                               launcher="verify (testinfra against the SIF)", steps=[result],
+                               verdict=result.verdict.value, started=started, finished=_now())
 
 
 def _outside_project_junit(root: Path, site, name: str) -> Path | None:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg
+from envport.commands.attest import add_attest_arg
 from envport.core.verdict import StepResult
 from envport.targets.base import WITNESS, launcher_for
 from envport.targets.registry import get, names
@@ -58,6 +59,7 @@ def register(sub) -> None:
                    help="run the docs level even where this env and doc passed before (the ledger)")
     add_embedded_spec_arg(p, "apptainer: run the witnesses in the SIF")
     add_no_lock_arg(p, "witness")
+    add_attest_arg(p, "this run")
     p.add_argument("--no-ledger", action="store_true", help="do not append this run to the ledger")
     p.add_argument("--junit", default=None, metavar="FILE",
                    help="also write the verdict rows as JUnit XML (one testcase per check and per doc)")
@@ -85,7 +87,7 @@ def _table_row(r: StepResult) -> str:
 
 def run(args) -> int:
     from envport.commands._common import sif_spec
-    from envport.core.verdict import StepResult, report
+    from envport.core.verdict import StepResult, exit_code, report
     from envport.witness.checks import check_world_size, parse_checks
     from envport.witness.judge import overall
     from envport.witness.plan import WitnessOptions
@@ -94,6 +96,9 @@ def run(args) -> int:
 
     only = parse_checks(args.only, "--only")
     check_world_size(args.world_size)
+    from envport.commands.attest import require_sif_target
+
+    require_sif_target(args, "witness")
     target = get(args.target)
     found = sif_spec(args, args.name, target, "witness")
     if isinstance(found, StepResult):
@@ -121,9 +126,16 @@ def run(args) -> int:
         opts.on_step = lambda r: _print_step(fixed(r), out)
         opts.on_start = lambda call: print(f"  ... {call.label}: {', '.join(call.checks)}", file=sys.stderr,
                                            flush=True)
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), _now()
     steps = [fixed(r) for r in run_witnesses(spec, launcher, opts)]
     result = overall(steps, time.monotonic() - t0)
+    attested = None
+    if args.attest:
+        attested = _attest(args, facts["sif"], spec.name, hash_, launcher.describe(), steps, result, started)
+        if not args.json:
+            _print_step(attested, out)
+        if not attested.verdict.ok:  # the run's verdict stands; a statement that was not written is said
+            result.data["exit_code"] = max(result.data["exit_code"], exit_code([attested]))
     if args.junit:
         from envport.core.files import write_atomic
         from envport.report.witness_junit import junit_xml
@@ -142,12 +154,27 @@ def run(args) -> int:
         json.dump({"command": "witness", "exit_code": result.data["exit_code"], "steps": result.data["steps"],
                    "problems": [], "env": spec.name, "hash": identity.hash, "target": args.target,
                    "launcher": launcher.describe(), "verdict": result.verdict.value,
-                   "seconds": round(result.seconds, 3), **spec_facts}, out, indent=2)
+                   "seconds": round(result.seconds, 3), **spec_facts,
+                   **({"attested": attested.to_dict()} if attested else {})}, out, indent=2)
         out.write("\n")
     else:
         print(f"{result.verdict.value}: {spec.name} witnesses on {args.target} in {result.seconds:.1f}s "
               f"({result.detail})", file=out)
     return result.data["exit_code"]
+
+
+def _now():
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+def _attest(args, sif: str, name: str, hash_: str, launcher: str, steps, result, started) -> StepResult:
+    """The run attested into SIF with --attest's key: every step, failed ones too."""
+    from envport.commands.attest import witness_attest_step
+
+    return witness_attest_step(sif, args.attest, env=name, env_hash=hash_, target=args.target, launcher=launcher,
+                               steps=steps, verdict=result.verdict.value, started=started, finished=_now())
 
 
 def _docs(args, loaded, site, hash_: str) -> list:

@@ -106,11 +106,24 @@ class Trust(_Model):
                                  "[bad_signature]) before a SIF is mounted or run by verify, witness, slurm "
                                  "submit and up, and before `envport pull` names the file; needs keys")
 
+    require_witnessed: list[Line] = Field(default=[], description="witness checks (imports, collectives, ...: "
+                                          "`envport witness --only`'s names) that a SIF must carry a witness "
+                                          "statement for, signed by a key in trust.keys, about its primary "
+                                          "partition, in which each passed; else REFUSED [unwitnessed] before "
+                                          "it is mounted or run (docs/provenance.md); needs keys")
+
     @model_validator(mode="after")
     def _keys_for_required(self):
-        if self.require_signed and not self.keys:
-            raise ValueError("require_signed: true needs the keys to trust: list PEM public key files under "
-                             "trust.keys")
+        from envport.core.witness_checks import CHECKS
+
+        for what, asked in (("require_signed: true", self.require_signed),
+                            ("require_witnessed", bool(self.require_witnessed))):
+            if asked and not self.keys:
+                raise ValueError(f"{what} needs the keys to trust: list PEM public key files under trust.keys")
+        unknown = [c for c in self.require_witnessed if c not in CHECKS]
+        if unknown:
+            raise ValueError(f"require_witnessed: {', '.join(unknown)} is no witness check; choose from "
+                             f"{', '.join(CHECKS)}")
         return self
 
 
@@ -118,15 +131,16 @@ class TrustPolicy(NamedTuple):
     """The trust every site loaded in this process asked for (`active_trust`)."""
     require_signed: bool
     keys: tuple[str, ...]  # absolute paths of PEM public keys
+    require_witnessed: tuple[str, ...] = ()  # checks a trusted witness statement must show passed
 
 
 # Once a site asks for signed SIFs this process keeps asking (a later site cannot loosen it): one policy for
 # every SIF mount and run (sif/run.py `admit`), however many profiles a command reads.
-_active: dict = {"require_signed": False, "keys": ()}
+_active: dict = {"require_signed": False, "keys": (), "require_witnessed": ()}
 
 
 def active_trust() -> TrustPolicy:
-    return TrustPolicy(_active["require_signed"], tuple(_active["keys"]))
+    return TrustPolicy(_active["require_signed"], tuple(_active["keys"]), tuple(_active["require_witnessed"]))
 
 
 class Site(_Model):
@@ -205,6 +219,7 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
     if site.trust.require_signed:
         _active["require_signed"] = True
     _active["keys"] = tuple(dict.fromkeys((*_active["keys"], *site.trust_keys())))
+    _active["require_witnessed"] = tuple(dict.fromkeys((*_active["require_witnessed"], *site.trust.require_witnessed)))
     return site
 
 

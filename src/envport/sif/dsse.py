@@ -32,9 +32,10 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
 
 
-def encode(payload: bytes, signatures: list[tuple[str, bytes]]) -> bytes:
-    """The envelope for PAYLOAD with (keyid, signature) pairs, in the order given."""
-    doc = {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
+def encode(payload: bytes, signatures: list[tuple[str, bytes]], payload_type: str = PAYLOAD_TYPE) -> bytes:
+    """The envelope for PAYLOAD with (keyid, signature) pairs, in the order given (PAYLOAD_TYPE: SIF
+    metadata; sif/provenance/envelope.py seals in-toto statements with its own)."""
+    doc = {"payloadType": payload_type, "payload": base64.b64encode(payload).decode(),
            "signatures": [{"keyid": kid, "sig": base64.b64encode(sig).decode()} for kid, sig in signatures]}
     return json.dumps(doc, separators=(",", ":")).encode()
 

@@ -8,7 +8,9 @@ One gate, one object (docs/apptainer.md, "What the gate guarantees"):
    `judge_table`: no ID twice, one primary partition, no overlapping objects: `corrupt_descriptor`);
 3. under a site's `trust.require_signed` its signatures are checked on that same reading against
    `trust.keys` (sif/verify.py), and the primary partition must be one of the objects a verified signature
-   covers, by the descriptor that was compared (`TrustRefused`, exit 3);
+   covers, by the descriptor that was compared (`TrustRefused`, exit 3); under `trust.require_witnessed`
+   a witness statement signed by a trust key, about that partition's sha256 (hashed through the same open
+   file), must show each required check passed (sif/provenance/judge.py; `unwitnessed`, exit 3);
 4. what is mounted afterwards is that descriptor's bytes: `Gated.partition` (offset and size) of
    `Gated.file` (the open descriptor), never the path again (sif/run.py `mounted`).
 
@@ -138,7 +140,7 @@ def _cache_key(path: Path, policy, arch: Optional[str]) -> Optional[tuple]:
     except OSError:
         return None
     return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns, policy.keys,
-            policy.require_signed, arch)
+            policy.require_signed, policy.require_witnessed, arch)
 
 
 def gate(path: str | os.PathLike, *, arch: Optional[str] = None) -> Gated:
@@ -169,10 +171,32 @@ def gate(path: str | os.PathLike, *, arch: Optional[str] = None) -> Gated:
                                "the objects a verified signature covers; nothing was mounted or run. "
                                + refusal_fix())
         trust = "signatures verified against " + ", ".join(Path(k).name for k in policy.keys)
+    if policy.require_witnessed:
+        trust += "; " + judge_witnessed(info, part, policy)
     gated = Gated(fh, info, part, trust)
     if key is not None and (fh.st.st_ino, fh.st.st_size, fh.st.st_ctime_ns) == key[2:5]:
         _gated[key] = gated
     return gated
+
+
+def judge_witnessed(info, part, policy) -> str:
+    """What the site's trust.require_witnessed found in the SIF INFO (read through the gate's open file): a
+    witness statement signed by a trust.keys key, about PART's sha256, in which every required check
+    passed; else TrustRefused `unwitnessed` naming the checks missing and each statement set aside."""
+    from envport.sif.provenance.judge import TRUSTED, judge_statements, missing_witnesses
+
+    judged = judge_statements(info, part, load_trust_keys([], policy.keys))
+    missing = missing_witnesses(judged, policy.require_witnessed)
+    if not missing:
+        return f"witnessed ({', '.join(policy.require_witnessed)}) by a trusted statement"
+    aside = [f"statement {j.object_id}: {j.verdict}: {j.detail}" for j in judged if j.verdict != TRUSTED]
+    raise TrustRefused("unwitnessed", f"{info.path}: the site requires a witness statement signed by a key in "
+                       f"trust.keys, about this SIF's primary partition, showing {', '.join(policy.require_witnessed)} "
+                       f"passed (trust.require_witnessed); none shows {', '.join(missing)}"
+                       + (f" ({'; '.join(aside)})" if aside else f" ({len(judged)} statement(s) in the file)")
+                       + "; nothing was mounted or run. fix: ask its builder to run `envport witness NAME --target "
+                       "apptainer --sif FILE --attest KEY.pem` and pass the checks, or attest it yourself with a "
+                       "trusted key after witnessing it")
 
 
 def forget() -> None:

@@ -209,9 +209,13 @@ def check_signatures(source, keys: list[keymod.PublicKey] = (),
     judged is the table checked), each checked against KEYS (sif/keys.py `load_public_key`) and the
     PGP public key files PGP_KEYRINGS, and the image's verdict (module docstring). Raises SifError
     (sif/format.py) when SOURCE is not a readable SIF; PgpError when a PGP check needs gpg and it is absent."""
+    from envport.sif.provenance.store import is_statement
+
     image = read_raw(source)
+    # In-toto statements are signature objects linked to one object, not to a group: apptainer's group
+    # verification never reads them, and neither does this verdict (sif/provenance/judge.py judges them).
     checks = tuple(_check_one(image, d, list(keys), list(pgp_keyrings))
-                   for d in image.descriptors if d.datatype == DATA_SIGNATURE)
+                   for d in image.descriptors if d.datatype == DATA_SIGNATURE and not is_statement(d))
     groups = tuple(sorted({d.group for d in image.descriptors if d.group and d.datatype != DATA_SIGNATURE}))
     problems: list[tuple[str, str]] = []
     for d in image.descriptors:

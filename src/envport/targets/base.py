@@ -249,6 +249,11 @@ class Target(ABC):
         raise self.refuse(PROBE)
 
     # --- the spec an artefact was built from ------------------------------------------------
+    def built_file(self, site: Any, root: Path, identity: Any) -> Optional[Path]:
+        """The one file this target's build makes (a SIF: what `build --sign` signs and `--attest` writes a
+        statement into), else None: an image or an env has no file to carry one."""
+        return None
+
     def embedded(self, where: str, name: str, root: Path):
         """The spec the artefact WHERE (a --sif FILE) embeds, for a run without the project: an object with
         `loaded`, `identity` and `note` (the line saying so), or the StepResult refusing it."""

@@ -68,9 +68,35 @@ def push_sif(sif: Path, ref, named: list[str], ca, name: str, given: bool):
         out = registry.push_sif(layer, ref, tags, ca=ca, progress=transfer_progress(f"push {sif.name}"))
     except registry.RegistryError as exc:
         return StepResult(step, Verdict.REFUSED, str(exc), reason=exc.reason, seconds=time.monotonic() - start)
-    return StepResult(step, Verdict.PRESENT if out["present"] else Verdict.OK,
-                      f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)} ({source}){_sent(out)}",
-                      seconds=time.monotonic() - start, data={**out, "repository": f"{ref.host}/{ref.repo}"})
+    try:
+        referrers = _attach_statements(gated.info, ref.with_tag(tags[0]), ca)
+    except registry.RegistryError as exc:
+        return StepResult(step, Verdict.REFUSED, f"the SIF was pushed ({out['digest']}), its in-toto statements "
+                          f"were not attached as referrers: {exc}", reason=exc.reason,
+                          seconds=time.monotonic() - start, data=out)
+    attached = f"; {len(referrers)} in-toto statement(s) attached as OCI referrers" if referrers else ""
+    return StepResult(step, Verdict.PRESENT if out["present"] and not referrers else Verdict.OK,
+                      f"{out['size']} bytes, layer {out['digest']}, tags {', '.join(tags)} ({source}){_sent(out)}"
+                      f"{attached}", seconds=time.monotonic() - start,
+                      data={**out, "repository": f"{ref.host}/{ref.repo}", "referrers": referrers})
+
+
+def _attach_statements(info, ref, ca) -> list[str]:
+    """The SIF's in-toto statements (sif/provenance/store.py) pushed as OCI referrers of its manifest at REF
+    (engines/referrers.py); their manifest digests. A statement that does not decode is not published."""
+    from envport.engines.referrers import push_statements
+    from envport.sif.provenance.envelope import open_envelope
+    from envport.sif.provenance.statement import BadStatement
+    from envport.sif.provenance.store import read_statement_object, statement_objects
+
+    statements = []
+    for d in statement_objects(info):
+        data = read_statement_object(info, d)
+        try:
+            statements.append((data, str(open_envelope(data)[1]["predicateType"])))
+        except BadStatement:
+            continue
+    return push_statements(ref, statements, ca=ca) if statements else []
 
 
 def _sent(out: dict) -> str:
