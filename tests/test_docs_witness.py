@@ -1,11 +1,14 @@
 """The docs witness for real: demo-cpu's USAGE.md and drifted docs run verbatim inside the built env
-(the session's venv, docker image, SIF and SSH venv: no env is built here), the ledger's skip of an
+(the session's venv, docker image, SIF and SSH venv: no env is built here; for podman, tests/test_podman.py's
+six-only env, built by its rootless user), the ledger's skip of an
 unchanged doc and --rerun-docs, `validate`'s warning for a missing doc, and the weights completeness
 check of a folder fetched by its `source` without pinned files."""
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -15,6 +18,9 @@ import yaml
 
 from .sif_fixtures import BuiltSif, require_sif_tools, sif_env
 from .support import ENV_NAME, as_json, cli_env, fail_with, run_envport, write_spec
+from .test_podman import USER as PODMAN_USER
+from .test_podman import envport as podman_envport
+from .test_podman import tiny, user_venv  # noqa: F401  (the podman case's env, built by its user)
 
 pytest_plugins = ["tests.sif_fixtures"]
 
@@ -121,6 +127,26 @@ def test_a_doc_passes_and_drift_fails_in_the_sif(tiny_sif: BuiltSif, tmp_path):
     code, steps = _docs(tiny_sif.root, *where, "--docs", str(good), env=sif_env(), name=tiny_sif.name)
     assert code == 0 and steps[f"docs {good}"]["verdict"] == "OK", steps
     _drifts(tiny_sif.root, tmp_path, *where, env=sif_env(), name=tiny_sif.name)
+
+
+def test_a_doc_passes_and_drift_fails_in_rootless_podman(tiny):
+    # tests/test_podman.py's six-only env, built by its unprivileged user (rootless podman is that user's alone).
+    project, name, _, _ = tiny
+    pw = pwd.getpwnam(PODMAN_USER)
+    good, drifted = project / "TINY.md", project / "DRIFTED.md"
+    good.write_text(TINY_DOC)
+    drifted.write_text(DRIFTED)
+    for doc in (good, drifted):
+        os.chown(doc, pw.pw_uid, pw.pw_gid)
+    where = ("witness", name, "--target", "podman", "--only", "docs", "--no-ledger")
+    steps, _ = podman_envport(PODMAN_USER, *where, "--docs", str(good), project=project)
+    assert [(r["step"], r["verdict"]) for r in steps] == [(f"docs {good}", "OK")], steps
+    steps, _ = podman_envport(PODMAN_USER, *where, "--docs", str(drifted), project=project, exit_code=1)
+    [row] = steps
+    said = [re.sub(r" \(\+\d+ more\)$", "", row["detail"])] + row["lines"]
+    assert row["step"] == f"docs {drifted}" and row["verdict"] == "FAILED", row
+    for line in drift_lines(drifted):
+        assert line in said, (line, said)
 
 
 def test_the_demo_doc_passes_and_drift_fails_over_ssh(ssh_venv, tmp_path):

@@ -260,18 +260,3 @@ def test_scancel_in_mid_witness_leaves_no_container(slurm, demo_image, session_p
     while (left := _job_containers(job)) and time.monotonic() < end:
         time.sleep(0.5)
     assert left == [], f"containers of the cancelled job are still there: {left}"
-
-
-def test_a_slurm_job_says_it_does_not_run_the_docs_level():
-    """demo-cpu names a USAGE.md whose commands read the weights and $ENVPORT_ROOT, which a job does not stage:
-    `slurm submit` reports the docs level SKIPPED with the command that runs it, never drops it silently."""
-    from envport.commands.slurm import _docs_not_here
-    from envport.core.verdict import Verdict
-    from envport.spec.loader import load_spec
-
-    from .support import REPO
-
-    spec = load_spec("demo-cpu", REPO).spec
-    (row,) = _docs_not_here(spec, ())
-    assert row.step == "docs" and row.verdict is Verdict.SKIPPED and "--only docs" in row.detail, row
-    assert _docs_not_here(spec, ("imports",)) == [] and len(_docs_not_here(spec, ("docs",))) == 1

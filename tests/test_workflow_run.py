@@ -1,167 +1,198 @@
-"""The generated workflow's `run:` steps for one pair, in order, on a stand-in for GitHub's Ubuntu runner
-(issue 27 row 4): no GitHub here, so the runner is a fresh docker container.
+"""The generated workflow's jobs, run the way a hosted ubuntu runner runs them (issue 38: the faithful runner).
 
-What it keeps of the real runner: a non-root user (`runner`) with password-less sudo whose `secure_path` is
-the Ubuntu images' own, and a python set up the way actions/setup-python sets it up (under
-/opt/hostedtoolcache/Python/<version>/x64, owned by the runner user, its bin/ first on PATH, `pythonLocation`
-set) and no other python of that version on the system PATH. What it replaces, and says so: `actions/checkout` is a copy of
-the project, setup-python the tree above, PyPI a find-links folder of the wheels `pip download` fetched on
-this host (PIP_NO_INDEX/PIP_FIND_LINKS, as a runner's pip config could), `upload-artifact` is left out (it
-uploads, it runs nothing). Each `run:` runs as GitHub runs it: `bash --noprofile --norc -eo pipefail`, with
-the job's and step's `env:`, and `$GITHUB_PATH` lines put on PATH for the steps after. An `if:` or a `${{ }}`
-this test cannot evaluate fails it, so a template change cannot skip a step here unseen.
+tests/faithful_runner.py plays the runner on this host and says what it plays; HOST-CHANGING, said so: it
+makes the user `runner` (.ci/faithful-runner.sh: password-less sudo, the docker group, a subordinate id
+range, Debian's sudo where missing), as tests/test_podman.py's fixtures make theirs.
+
+Every job kind the committed workflow emits for ubuntu-24.04 runs once, on the cheapest pair that has it
+(CI cost: the whole suite runs on 2 cores): docker, podman, apptainer and venv on a six-only spec the user
+adds (its pairs are the same steps as the committed pairs of each kind; `matrix --format github` and
+`render --all` in the checkout, as the user would commit them). ENVPORT_TEST_DEEP=1 (`--deep`) runs every
+committed ubuntu pair this host can run too: demo-cpu's (the `+cpu` torch from the site's index, issue 38's
+U4; demo-cpu-docker alone took 12 min here under load, 5 of them building) and scanpy-cpu's venv. Pairs on a
+registry base (python:3.11-slim-bookworm) cannot run here (no registry): their kind is covered.
+
+The site's PyTorch CPU index is played by a local find-links folder served over HTTP on 127.0.0.1 that
+holds the local torch wheel (the same file the index serves: the lock's sha256 checks it), added to the
+checkout's sites/github.yaml beside the index URL, which stays (unreachable here, pip passes over it). A
+runner's pip reaches download.pytorch.org itself; nothing else of this machine's pip setup reaches the job.
+This host also intercepts TLS, so the same copy of the site names the host's CA bundle (as sites/local.yaml
+does; a runner needs none): without it a container's pip cannot reach PyPI here. Both change the pairs'
+hashes, not the workflow (`render --all --check` in the job compares it). pip's own cache folder is shared
+by this session's jobs (XDG_CACHE_HOME): the first job fills it from PyPI through the same unconfigured pip,
+the next ones save the downloads (CI time); a container build never sees it.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
+import http.server
 import json
-import re
-import shlex
 import shutil
 import subprocess
-import sys
+import threading
+from pathlib import Path
 
+import pytest
 import yaml
 
-from .support import copy_tracked, missing, run_envport, unique, write_spec
+from . import faithful_runner as fr
+from .support import copy_tracked, deep, run_envport, torch_wheel, write_spec
 
-WORKFLOW = ".github/workflows/envs.yml"
-RUNNER_BASE = "envport/debian-bookworm:base"
-# GitHub's Ubuntu images (runner-images: images/ubuntu/scripts/build/configure-environment.sh keeps
-# Ubuntu's default /etc/sudoers line).
-SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/snap/bin"
-TOOLCACHE = "/opt/hostedtoolcache/Python/3.11.2/x64"
-WORKSPACE = "/home/runner/work/project"
-
-# A python under the tool cache, off secure_path, the way setup-python leaves one: Debian's python3.11 binary
-# moved there (its stdlib stays where its build looks), the interpreter on PATH a `venv --copies` of it
-# (bin/ holds python, pip and what pip installs), and no python3.11 left on the system PATH.
-RUNNER_DOCKERFILE = f"""FROM {RUNNER_BASE}
-RUN apt-get update && apt-get install -y --no-install-recommends sudo python3-venv ca-certificates \\
- && rm -rf /var/lib/apt/lists/*
-RUN mkdir -p {TOOLCACHE}/../real/bin && cp /usr/bin/python3.11 {TOOLCACHE}/../real/bin/python3.11 \\
- && rm -f /usr/bin/python3.11 /usr/bin/python3 /usr/bin/python \\
- && {TOOLCACHE}/../real/bin/python3.11 -m venv --copies {TOOLCACHE} && {TOOLCACHE}/bin/python -m pip --version
-RUN useradd -m -u 1001 runner && chown -R runner: /opt/hostedtoolcache \\
- && echo 'runner ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/runner \\
- && echo 'Defaults secure_path="{SECURE_PATH}"' > /etc/sudoers.d/secure_path \\
- && chmod 0440 /etc/sudoers.d/*
-"""
-
-_EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+WORKFLOW = Path(".github/workflows/envs.yml")
+TINY = "ghrunner-tiny"
+CPU_RUNNER = ["ubuntu-24.04"]
+# This host intercepts TLS (sites/local.yaml says so): a container reaches PyPI only trusting this bundle.
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# Each kind the committed workflow emits for ubuntu-24.04 -> the pair that proves it in CI.
+CI_PAIRS = {"docker": f"{TINY}-docker", "podman": f"{TINY}-podman", "apptainer": f"{TINY}-apptainer",
+            "venv": f"{TINY}-venv"}
+# A kind the faithful runner cannot play here, with why (the generator still emits it).
+NOT_PLAYED = {"conda": "no micromamba, mamba or conda is installable here (Debian 12 packages none; conda-forge "
+                       "is not reachable): a runner's own $CONDA is not played"}
 
 
-def _value(expr: str, ctx: dict) -> str:
-    if expr in ctx:
-        return ctx[expr]
-    raise AssertionError(f"this test cannot evaluate the workflow expression ${{{{ {expr} }}}}: teach it")
+def _kind(row: dict) -> str:
+    return row["target"] + (f"@{row['host']}" if row["host"] else "")
 
 
-def _subst(text: str, ctx: dict) -> str:
-    return _EXPR.sub(lambda m: _value(m[1], ctx), text)
+def _ubuntu_rows(workflow: dict) -> list[dict]:
+    return [r for r in workflow["jobs"]["up"]["strategy"]["matrix"]["include"] if r["runner"] == CPU_RUNNER]
 
 
-def _runs(cond: str | None, ctx: dict) -> bool:
-    """The `if:` forms the workflow uses; any other fails the test."""
-    if cond is None or cond == "always()":
-        return True
-    if "&&" in cond:
-        return all(_runs(term.strip(), ctx) for term in cond.split("&&"))
-    m = re.fullmatch(r"(matrix\.[\w-]+)\s*(==|!=)\s*'([^']*)'", cond)
-    if m:
-        return (_value(m[1], ctx) == m[3]) == (m[2] == "==")
-    m = re.fullmatch(r"matrix\.[\w-]+", cond)
-    if m:
-        return _value(cond, ctx) not in ("", "false")
-    raise AssertionError(f"this test cannot evaluate `if: {cond}`: teach it")
+def _runnable_here(row: dict) -> bool:
+    """A pair this host can run as a runner would: its base is made here (debootstrap), or it is a host
+    target; a registry base is not reachable here."""
+    return _kind(row) not in NOT_PLAYED and (row["local-base"] or row["target"] == "venv")
 
 
-def _runner_image() -> str:
-    tag = "envport-test/gh-runner:" + hashlib.sha256(RUNNER_DOCKERFILE.encode()).hexdigest()[:12]
-    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode != 0:
-        # Host networking: containers here reach Debian's mirror only through the host's network.
-        proc = subprocess.run(["docker", "build", "--network", "host", "-t", tag, "-"], input=RUNNER_DOCKERFILE,
-                              capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return tag
+def test_every_ubuntu_job_kind_the_committed_workflow_emits_is_played():
+    committed = yaml.safe_load((fr.REPO / WORKFLOW).read_text())
+    kinds = {_kind(r) for r in _ubuntu_rows(committed)}
+    assert kinds - set(NOT_PLAYED) <= set(CI_PAIRS), f"a new job kind: add its pair to CI_PAIRS: {kinds}"
 
 
-def _script(workflow: dict, row: dict) -> tuple[str, list[str]]:
-    """The job as one bash script for the runner user, and the names of the steps it runs."""
-    job = workflow["jobs"]["up"]
-    ctx = {f"matrix.{k}": ("true" if v is True else "false" if v is False else str(v)) for k, v in row.items()}
-    ctx["github.workspace"] = WORKSPACE
-    job_env = {k: _subst(str(v), ctx) for k, v in (job.get("env") or {}).items()}
-    out = ["set -eu", f"export GITHUB_WORKSPACE={WORKSPACE} GITHUB_PATH=/tmp/github_path",
-           f"export pythonLocation={TOOLCACHE} PATH={TOOLCACHE}/bin:$PATH", ": > /tmp/github_path",
-           *(f"export {k}={shlex.quote(v)}" for k, v in job_env.items()), "mkdir -p /tmp/steps"]
-    names = []
-    for i, step in enumerate(job["steps"]):
-        uses = step.get("uses", "")
-        if uses.startswith("actions/checkout@"):
-            out += [f"cp -a /src/. {WORKSPACE}/"]
-            names.append("checkout (a copy)")
+def test_each_played_pair_runs_the_steps_of_the_committed_pairs_of_its_kind(runner_project):
+    """The six-only spec's pairs stand for the committed ones: the same steps, `if:`s evaluated, for every
+    committed ubuntu pair of the kind with the same kind of base (a registry base skips the base steps)."""
+    _, _, workflow, _ = runner_project
+    committed = yaml.safe_load((fr.REPO / WORKFLOW).read_text())
+    played = {r["pair"]: r for r in workflow["jobs"]["up"]["strategy"]["matrix"]["include"]}
+
+    def names(wf: dict, row: dict) -> list[str]:
+        return [s.name for s in fr.job_steps(wf, row, Path("/workspace"))]
+
+    compared = 0
+    for row in _ubuntu_rows(committed):
+        pair = played.get(CI_PAIRS.get(_kind(row), ""))
+        if pair is None or pair["local-base"] != row["local-base"]:
             continue
-        if uses.startswith(("actions/setup-python@", "actions/upload-artifact@")):
-            names.append(f"{uses} (stood in for, see the module doc)")
-            continue
-        assert "run" in step, f"step {i} uses {uses!r}, which this test cannot stand in for"
-        if not _runs(step.get("if"), ctx):
-            continue
-        names.append(step.get("name", f"step {i}"))
-        env = " ".join(f"{k}={shlex.quote(_subst(str(v), ctx))}" for k, v in (step.get("env") or {}).items())
-        out += [f"cat > /tmp/steps/{i}.sh <<'ENVPORT_STEP_EOF'", _subst(step["run"], ctx).rstrip("\n"),
-                "ENVPORT_STEP_EOF",
-                f"echo '::step:: {names[-1]}'",
-                f"(cd {WORKSPACE} && PATH=\"$(tac /tmp/github_path | tr '\\n' :)$PATH\" {env} "
-                f"bash --noprofile --norc -eo pipefail /tmp/steps/{i}.sh) "
-                f"|| {{ echo \"::failed:: {names[-1]}\"; cp -r {WORKSPACE}/reports/. /out/ 2>/dev/null; exit 1; }}"]
-    out += [f"cp -r {WORKSPACE}/reports/. /out/"]
-    return "\n".join(out) + "\n", names
+        assert names(committed, row) == names(workflow, pair), (row["pair"], pair["pair"])
+        compared += 1
+    assert compared >= len(CI_PAIRS), compared
 
 
-def test_the_generated_workflow_runs_one_venv_pair_as_a_non_root_runner(tmp_path_factory):
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode:
-        missing("docker engine not reachable (the runner stand-in is a container)")
-    # The whole checkout (git's tracked files), as actions/checkout gives the job.
-    project = copy_tracked(tmp_path_factory.mktemp("checkout"))
-    name = unique("ghrun")
-    write_spec(project, name, witnesses={"imports": ["six"]})
-    # The user commits what these write: the workflow with the new spec's jobs, and its images/.
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def pytorch_index_played(tmp_path_factory):
+    """A find-links folder holding the local torch wheel, served on 127.0.0.1 (its URL)."""
+    wheel = torch_wheel()
+    if wheel is None:
+        pytest.fail("the local torch wheel is missing (tests/support.py TORCH_WHEELS)")
+    folder = tmp_path_factory.mktemp("pytorch-cpu-index")
+    (folder / wheel.name).symlink_to(wheel)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(_Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runner_project(tmp_path_factory, pytorch_index_played):
+    """(runner user, the checkout a job starts from, its workflow): the user's commit of a six-only spec
+    (its workflow rows and images/ written as the user would), the site's PyTorch index played."""
+    pw = fr.ensure_runner()
+    project = copy_tracked(tmp_path_factory.mktemp("checkout") / "project")
+    _copy_new_files(project)
+    site_file = project / "sites" / "github.yaml"
+    site = yaml.safe_load(site_file.read_text())
+    site["pip"]["find_links"] = [pytorch_index_played]
+    site["ca_bundle"] = HOST_CA_BUNDLE
+    site_file.write_text(yaml.safe_dump(site, sort_keys=False))
+    write_spec(project, TINY, witnesses={"imports": ["six"],
+                                         "cli": [{"cmd": "python -c 'import six; print(six.__version__)'",
+                                                  "expect": "^1\\.16\\.0"}]})
     wrote = run_envport("matrix", "--format", "github", root=project, timeout=300)
     assert wrote.returncode in (0, 3), wrote.stdout + wrote.stderr  # 3: pairs left out, each named
-    assert f"REFUSED  {name}-venv " not in wrote.stdout, wrote.stdout
     run_envport("render", "--all", root=project, timeout=300, check=True)
     workflow = yaml.safe_load((project / WORKFLOW).read_text())
-    row = next(r for r in workflow["jobs"]["up"]["strategy"]["matrix"]["include"] if r["pair"] == f"{name}-venv")
-    assert row["runner"] == ["ubuntu-24.04"]
-    script, names = _script(workflow, row)
-    assert names[2:-1] == ["Install envport", "Render check (images/ and this workflow match the specs)",
-                           "envport up"], names
+    cache = fr.new_cache(pw)
+    yield pw, project, workflow, cache
+    shutil.rmtree(cache, ignore_errors=True)
 
-    tmp_path = tmp_path_factory.mktemp("runner")  # beside the project: /src is the project alone
-    wheels = tmp_path / "wheels"
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), f"envport[build] @ {project.as_uri()}",
-                           "six==1.16.0", "setuptools>=68", "wheel"], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for readable in (project, wheels):  # the runner user (uid 1001) reads them; pytest's tmp dirs are 0700
-        readable.chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir(mode=0o777)
-    out.chmod(0o777)
-    (tmp_path / "job.sh").write_text(script)
-    image = _runner_image()
-    argv = ["docker", "run", "--rm", "--network", "host", "--user", "runner",
-            "-v", f"{project}:/src:ro", "-v", f"{wheels}:/wheels:ro", "-v", f"{out}:/out",
-            "-v", f"{tmp_path / 'job.sh'}:/job.sh:ro",
-            "-e", "PIP_NO_INDEX=1", "-e", "PIP_FIND_LINKS=/wheels", "-e", "PIP_DISABLE_PIP_VERSION_CHECK=1",
-            image, "bash", "-c", f"mkdir -p {WORKSPACE} && bash /job.sh"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    log = proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert proc.returncode == 0, log
-    up = json.loads((out / f"up-{name}-venv.json").read_text())
-    assert up["exit_code"] == 0, json.dumps(up["steps"], indent=1)[-4000:]
-    assert [s["step"] for s in up["steps"]] == ["preflight", "build", "weights", "verify", "witness"], up["steps"]
-    assert all(s["verdict"] in ("OK", "present", "skipped") for s in up["steps"]), up["steps"]
-    assert up["steps"][1]["verdict"] == "OK", up["steps"]  # built there, by the runner user
+
+def _copy_new_files(project: Path) -> None:
+    """Files not yet committed but not ignored either (a clone in CI has none): what the next commit holds."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard"], cwd=fr.REPO,
+                            capture_output=True, check=True)
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        if (fr.REPO / rel).is_file():
+            (project / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(fr.REPO / rel, project / rel)
+
+
+def _pairs() -> list[str]:
+    if not deep():
+        return sorted(CI_PAIRS.values())
+    committed = yaml.safe_load((fr.REPO / WORKFLOW).read_text())
+    return sorted({*CI_PAIRS.values(), *(r["pair"] for r in _ubuntu_rows(committed) if _runnable_here(r))})
+
+
+def _remove_built_images(env: str, env_hash: str) -> None:
+    """The docker images this job built (their hash is this run's: the played index's URL is in it)."""
+    listed = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", f"envport/{env}"],
+                            capture_output=True, text=True)
+    tags = [t for t in listed.stdout.split() if env_hash[:12] in t]
+    if tags:
+        subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True)
+
+
+@pytest.mark.parametrize("pair", _pairs())
+def test_the_job_passes_on_a_faithful_runner(runner_project, pair):
+    pw, project, workflow, cache = runner_project
+    row = next((r for r in workflow["jobs"]["up"]["strategy"]["matrix"]["include"] if r["pair"] == pair), None)
+    assert row is not None, f"{pair} is not in the workflow (`envport matrix` says why)"
+    assert row["runner"] == CPU_RUNNER, row
+    if row["target"] == "apptainer" and shutil.which("apptainer") is None:
+        # The job installs apptainer (the PPA) and builds with `--fakeroot` as the runner user; envport's own
+        # .def builder, all this host has, runs %post as root only (REFUSED not_root as the runner user).
+        pytest.skip("apptainer not installed here (Debian 12 packages none, the PPA is not reachable): the "
+                    "apptainer job is played only where the host has apptainer")
+    job = fr.new_job(pw, project, cache)
+    up = None
+    try:
+        passed, steps = fr.run_job(job, pw, workflow, row)
+        log = "\n".join(job.log)[-12000:]
+        report = job.workspace / "reports" / f"up-{pair}.json"
+        if report.is_file() and report.read_text().strip():
+            up = json.loads(report.read_text())
+        assert passed, log
+        ran = [s.name for s in steps if s.run is not None]
+        assert "envport up" in ran and "Install envport" in ran, ran
+        assert up is not None, log
+        assert up["exit_code"] == 0, json.dumps(up["steps"], indent=1)[-6000:]
+        verdicts = {s["step"]: s["verdict"] for s in up["steps"]}
+        assert verdicts["build"] in ("OK", "present"), up["steps"]
+        assert all(v in ("OK", "present", "skipped") for v in verdicts.values()), up["steps"]
+        assert verdicts.get("witness") == "OK", up["steps"]  # it ran, and held
+    finally:
+        if up is not None and row["target"] in ("docker", "apptainer"):
+            _remove_built_images(row["env"], up["hash"])
+        fr.remove_job(job, pw)
+        shutil.rmtree(job.top, ignore_errors=True)

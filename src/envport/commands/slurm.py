@@ -159,9 +159,10 @@ def run_submit(args) -> int:
     profile = load_cluster(args.cluster, project_root(args) if not args.cluster.endswith((".yaml", ".yml"))
                                  else None)
     _use_slurm_conf(profile)
-    opts = WitnessOptions(only=only, world_size=args.world_size or slots, deadline_s=args.deadline)
     site = load_site(args.site, loaded.root)
     identity = resolve(loaded, site, args.target).identity
+    opts = WitnessOptions(only=only, world_size=args.world_size or slots, deadline_s=args.deadline,
+                          docs=_docs(loaded, args.target, identity.hash))
     job = _job(args, loaded, identity, profile, opts)
     if slots and (wider := [c for c in job.calls if c.world > slots]):
         from envport.core.errors import EnvportError
@@ -176,7 +177,7 @@ def run_submit(args) -> int:
     results, facts = ([refusal], {"cluster": profile.name}) if refusal is not None else \
         slurm.run_job(job, slurm.render(job, slurm.node_cpu_limit(profile.partition)), progress=progress)
     if refusal is None:  # what the allocation's GPUs cannot hold, each SKIPPED with its reason
-        results += _plan(loaded.spec, opts, profile).skipped + _docs_not_here(loaded.spec, only)
+        results += _plan(loaded.spec, opts, profile).skipped
     result = overall(results, time.monotonic() - t0)
     if not args.no_ledger and refusal is None:
         from envport.report import ledger
@@ -201,16 +202,13 @@ def run_submit(args) -> int:
     return result.data["exit_code"]
 
 
-def _docs_not_here(spec, only) -> list:
-    """The docs level is not run in a Slurm job: its commands may read the weights and the env's files
-    ($ENVPORT_ROOT), which a job does not stage. Said, not left out silently."""
-    from envport.core.verdict import StepResult, Verdict
+def _docs(loaded, target: str, hash_: str) -> list:
+    """The spec's docs, run in the job on the nodes (the doc's commands inside the env there, the weights
+    from the weights root the nodes share, as the CLI witnesses get them), every time: a job proves the
+    nodes, which a pass elsewhere does not."""
+    from envport.flow.docs_level import docs_to_check
 
-    if not spec.witnesses.docs or (only and "docs" not in only):
-        return []
-    return [StepResult("docs", Verdict.SKIPPED, f"{len(spec.witnesses.docs)} doc(s) not run in a Slurm job (the "
-                       "weights and $ENVPORT_ROOT are not staged on the nodes): envport witness "
-                       f"{spec.name} --target T --only docs runs them")]
+    return docs_to_check(loaded, loaded.root, target=target, hash_=hash_, rerun=True)
 
 
 def _check_layout(args) -> int | None:

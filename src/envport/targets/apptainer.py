@@ -82,6 +82,11 @@ class Apptainer(Target):
         return verify(req.loaded, req.site, req.root, sif=req.sif, junit=req.junit, progress=req.progress,
                       identity=req.identity)
 
+    def built_file(self, site, root, identity):
+        from envport.builders.apptainer.builder import sif_path
+
+        return sif_path(site, root, identity)
+
     def embedded(self, where, name, root):
         from envport.sif.embedded import embedded
 
@@ -126,13 +131,16 @@ class Apptainer(Target):
                                                                                   req.identity))}
 
     def slurm_task(self, job):
+        from envport.builders import weights
         from envport.witness.launchers.sif import SifLauncher
         from envport.witness.slurm_job import TaskEnv, wants_gpus
 
         # The profile names the runtime its nodes have; where it is not apptainer, Charliecloud runs the SIF.
         runtime = "apptainer" if job.profile.container_runtime == "apptainer" else "ch-run"
+        # The weights bound at their paths in the SIF, from the weights root the nodes share with this host.
         return TaskEnv(SifLauncher(Path(job.sif), python=job.python, witness_dir=job.witness_dir,
-                                   gpus=wants_gpus(job.profile), runtime=runtime))
+                                   gpus=wants_gpus(job.profile), runtime=runtime,
+                                   mounts=weights.existing_mounts(job.loaded.spec, weights.weights_root())))
 
     def probe(self, run, where, names, site=None, host=None):
         """Inside the SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""

@@ -64,11 +64,14 @@ class Docker(Target):
         return {"image": req.image or req.identity.image_tag}
 
     def slurm_task(self, job):
+        from envport.builders import weights
         from envport.witness.launchers.docker import DockerLauncher
         from envport.witness.slurm_job import TaskEnv, wants_gpus
 
+        # The weights bound at their paths in the image, from the weights root the nodes share with this host.
         return TaskEnv(DockerLauncher(job.image, python=job.python, docker=job.docker_bin,
-                                      witness_dir=job.witness_dir, gpus=wants_gpus(job.profile)))
+                                      witness_dir=job.witness_dir, gpus=wants_gpus(job.profile),
+                                      mounts=weights.existing_mounts(job.loaded.spec, weights.weights_root())))
 
     def slurm_refusal(self, profile):
         if profile.container_runtime == "docker":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -65,12 +66,17 @@ class Venv(HostTarget):
         return {"prefix": req.prefix or slurm_job.default_prefix(req.loaded.spec.name, req.profile)}
 
     def slurm_task(self, job):
+        from envport.builders import weights
         from envport.witness.launchers.local import LocalLauncher
         from envport.witness.launchers.srun import venv_prelude
         from envport.witness.slurm_job import TaskEnv
 
+        # Each weight's variable at its folder under the weights root, which the nodes share with this host
+        # (the docs level's commands read them, as the CLI witnesses' do on a venv here).
+        found = weights.runtime_env(job.loaded.spec, weights.weights_root())
+        exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(found.items())]
         return TaskEnv(LocalLauncher(f"{job.prefix}/bin/python", witness_dir=job.witness_dir, base_env={}),
-                       prelude=tuple(venv_prelude(job.prefix)))
+                       prelude=tuple(venv_prelude(job.prefix)) + tuple(exports))
 
     def launcher(self, req: WitnessRequest):
         from envport.builders import weights
@@ -104,7 +110,7 @@ class Venv(HostTarget):
         """This host's env (the link `<envs>/<name>` and the build it names) and every other build under
         `<envs>/.<name>.builds` (killed, or replaced and not yet cleared by the next build)."""
         from envport.core.layout import env_prefix
-        from envport.targets.gc import tree_bytes
+        from envport.core.files import tree_bytes
 
         prefix = env_prefix(req.name)
         builds = prefix.parent / f".{req.name}.builds"
