@@ -31,6 +31,7 @@ COMMANDS = [
     "build",
     "inspect",
     "sign",
+    "attest",
     "verify_sig",
     "sbom", "push", "pull",
     "module",
@@ -45,6 +46,7 @@ COMMANDS = [
     "matrix",
     "ledger",
     "gc",
+    "rebuild_check",
 ]
 
 EXIT_CODES_HELP = """exit codes:
