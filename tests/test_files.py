@@ -23,6 +23,8 @@ RENAMES_ALLOWED = {
     "report/ledger.py": "sets a corrupt ledger aside, beside itself",
     "builders/apptainer/singularity_d.py": "moves /.singularity.d to its history, as apptainer does",
     "builders/apptainer/binary.py": "renames the SIF `apptainer build` wrote; a failed build unlinks it",
+    "builders/apptainer/phase_cache.py": "publishes a cache entry's folder whole (rename of .tmp-KEY.PID) and "
+                                         "renames one aside before removing it: folders, not files",
 }
 
 

@@ -1,5 +1,6 @@
-"""jax-cpu (issue 42): a JAX env without torch, built for real as a venv and as a docker image, whose kernel
-witness is JAX's (a seeded jit-compiled MLP on JAX's default backend, here the CPU).
+"""jax-cpu (issue 42): a JAX env without torch, built for real as a venv, a docker image and a SIF (envport's
+own builder, run by ch-run), whose kernel witness is JAX's (a seeded jit-compiled MLP on JAX's default
+backend, here the CPU).
 
 One build per backend for the whole module (module-scoped fixtures); jax and jaxlib come through the
 same route as every env's wheels here: the venv's pip, and the docker build's wheelhouse
@@ -12,6 +13,7 @@ import json
 
 import pytest
 
+from .sif_fixtures import build_sif, require_sif_tools, sif_env
 from .support import BUILD_TIMEOUT, LOCAL_ENVS_DIR, as_json, cli_env, copy_project, fail_with, proven, run_envport
 
 NAME = "jax-cpu"
@@ -42,8 +44,15 @@ def jax_image(docker_client, base_image, jax_project) -> str:
     return tag
 
 
-def _witness(root, *args: str) -> dict[str, dict]:
-    proc = run_envport("witness", NAME, *args, "--json", "--no-ledger", root=root, env=cli_env(), timeout=600)
+@pytest.fixture(scope="module")
+def jax_sif(base_image, jax_project) -> str:
+    """jax-cpu's SIF, built by envport's own .def builder (the local site's squashfs compression)."""
+    require_sif_tools()
+    return str(build_sif(jax_project, NAME).path)
+
+
+def _witness(root, *args: str, env=None) -> dict[str, dict]:
+    proc = run_envport("witness", NAME, *args, "--json", "--no-ledger", root=root, env=env or cli_env(), timeout=600)
     out = as_json(proc)
     assert proc.returncode == 0, fail_with(proc, f"envport witness {' '.join(args)}")
     assert all(proven(s) for s in out["steps"]), [(s["step"], s["verdict"]) for s in out["steps"]]
@@ -60,11 +69,13 @@ def _jax_kernel(steps: dict[str, dict]) -> str:
     return detail
 
 
-def test_jax_witnesses_pass_in_the_venv_and_the_image_with_one_checksum(jax_project, jax_venv, jax_image):
+def test_jax_witnesses_pass_in_the_venv_the_image_and_the_sif_with_one_checksum(jax_project, jax_venv, jax_image,
+                                                                                jax_sif):
     in_venv = _jax_kernel(_witness(jax_project, "--target", "venv", "--python", jax_venv))
     in_image = _jax_kernel(_witness(jax_project, "--target", "docker", "--image", jax_image))
-    # The same seeded pass, the same jaxlib: the same numbers on both backends.
-    assert in_venv == in_image
+    in_sif = _jax_kernel(_witness(jax_project, "--target", "apptainer", "--sif", jax_sif, env=sif_env()))
+    # The same seeded pass, the same jaxlib: the same numbers on every backend.
+    assert in_venv == in_image == in_sif
 
 
 def test_doctor_reports_jaxs_backend(jax_project, jax_venv):

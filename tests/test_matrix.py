@@ -23,7 +23,6 @@ import pytest
 
 from .sif_fixtures import require_sif_tools
 from .support import REPO, as_json, cli_env, fail_with, missing, run_envport, unique, write_spec
-from envport.spec.loader import all_spec_names
 from envport.targets.registry import NAMES
 
 pytest_plugins = ["tests.sif_fixtures"]
@@ -248,7 +247,12 @@ def test_ci_matrix_runs_every_demo_cpu_pair_this_host_can(demo_image, local_venv
         row = next((ln for ln in table.splitlines() if ln.startswith(f"| {label} |")), "")
         assert "| OK |" in row and "every step ok" in row, table
     cases = ET.parse(junit).getroot().findall("testcase")
-    assert len(cases) == len(all_spec_names(REPO)) * (len(NAMES) + 1)  # every target and the SSH host
+    # demo-cpu's pairs only (every target and the SSH host), one case per step of `up` each: run or skipped.
+    from envport.report.matrix import UP_STEPS
+
+    assert {c.get("classname") for c in cases} == {f"matrix.demo-cpu-{n}" for n in (*NAMES, "ssh-test")}, \
+        sorted({c.get("classname") for c in cases})
+    assert len(cases) == (len(NAMES) + 1) * len(UP_STEPS)
     for key in ("docker", "apptainer", "venv", "ssh-test"):
         mine = {c.get("name"): c for c in cases if c.get("classname") == f"matrix.demo-cpu-{key}"}
         assert list(mine) == ["preflight", "build", "weights", "verify", "witness"]

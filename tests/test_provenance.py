@@ -1,7 +1,7 @@
-"""Issue 41: signed in-toto statements, on real parts. The tiny SIF (tests/sif_fixtures.py ``tiny_sif``, envport's
-own builder) stands in for demo-cpu's: the chain (build --sign attests provenance, witness --attest, push, pull
-as uid 65534, inspect, the gate's require_witnessed) is the same for any SIF, and the tiny one has no torch, so
-the required checks are imports and python rather than imports and collectives (a collectives run needs torch).
+"""Issue 41: signed in-toto statements, on real parts: demo-cpu's SIF (tests/sif_fixtures.py ``demo_sif``, built
+once per session by envport's own builder and shared with the other SIF tests) through the whole chain: build
+--sign attests provenance, witness --attest (imports and collectives, at world size 2 on gloo), push, pull as
+uid 65534 into an empty folder, inspect, and the gate's require_witnessed [imports, collectives].
 
 Each statement is checked here against the specs' text, not envport's code: the in-toto Statement v1 fields,
 SLSA provenance v1's required fields, the witness predicate against docs/witness-predicate.schema.json, and
@@ -24,13 +24,14 @@ import pytest
 
 from .registry_fixture import registry  # noqa: F401
 from .sif_fixtures import SIF_TIMEOUT, sif_env
-from .support import REPO, as_json, copy_project, fail_with, run_envport, unique, write_site, write_spec
+from .support import ENV_NAME, REPO, as_json, copy_project, fail_with, run_envport, unique, write_site
 from .test_registry import OCI_MANIFEST
 from .test_sif_sign import new_key
 from .test_trust_roundtrip import OTHER_UID, _other_user_argv
 
 pytest_plugins = ["tests.sif_fixtures"]
-NAME = "tiny-sif"
+NAME = ENV_NAME
+WITNESSED = ("imports", "collectives")
 SLSA = "https://slsa.dev/provenance/v1"
 WITNESS = "https://envport.dev/witness/v1"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -91,12 +92,13 @@ def statements_of(sif: Path) -> dict[int, bytes]:
 
 def witness(root: Path, sif: Path, site: str, tmp: Path, *extra: str):
     tmp.mkdir()
-    return run_envport("witness", NAME, "--target", "apptainer", "--sif", str(sif), "--site", site, *extra,
-                       root=root, env=sif_env(TMPDIR=str(tmp)), timeout=SIF_TIMEOUT)
+    return run_envport("witness", NAME, "--target", "apptainer", "--sif", str(sif), "--site", site,
+                       "--only", ",".join(WITNESSED), *extra, root=root, env=sif_env(TMPDIR=str(tmp)),
+                       timeout=SIF_TIMEOUT)
 
 
 @pytest.mark.timeout(1200)
-def test_signed_attested_pushed_pulled_inspected_and_gated(tiny_sif, registry, tmp_path, record_property):
+def test_signed_attested_pushed_pulled_inspected_and_gated(demo_sif, registry, tmp_path, record_property):
     import jsonschema
 
     from envport.sif.provenance.envelope import seal
@@ -105,20 +107,17 @@ def test_signed_attested_pushed_pulled_inspected_and_gated(tiny_sif, registry, t
     from envport.sif.format import primary_partition, read_sif
     from envport.sif.keys import load_private_key
 
-    # A project where the tiny SIF is present under its own name; its spec names witnesses (they are not in
-    # the content hash, so the file stays the env's).
+    # A project where demo-cpu's SIF is present under its own name (a copy: the session's file stays as built).
     root = copy_project(tmp_path / "project")
-    write_spec(root, NAME, witnesses={"imports": ["six"]})
-    write_site(root, "sif-fast", apptainer={"compression": "lz4"})
-    sif = root / ".cache" / "sif" / tiny_sif.path.name
+    sif = root / ".cache" / "sif" / demo_sif.path.name
     sif.parent.mkdir(parents=True)
-    shutil.copyfile(tiny_sif.path, sif)
+    shutil.copyfile(demo_sif.path, sif)
     priv, pub = new_key(tmp_path, "ed25519")
     (tmp_path / "stranger").mkdir()
     stranger, _ = new_key(tmp_path / "stranger", "ed25519")
 
     # build --sign: signed, and its provenance attested by the same key; again: present, no second statement.
-    args = ("build", NAME, "--target", "apptainer", "--site", "sif-fast", "--sign", str(priv), "--json")
+    args = ("build", NAME, "--target", "apptainer", "--sign", str(priv), "--json")
     proc = run_envport(*args, root=root, env=sif_env(), timeout=SIF_TIMEOUT)
     assert proc.returncode == 0, fail_with(proc, "build --sign")
     last = as_json(proc)["steps"][-1]
@@ -129,7 +128,7 @@ def test_signed_attested_pushed_pulled_inspected_and_gated(tiny_sif, registry, t
     assert sif.read_bytes() == before
 
     # witness --attest: a statement of the run, into the SIF.
-    proc = witness(root, sif, "sif-fast", tmp_path / "tmp-witness", "--attest", str(priv), "--json")
+    proc = witness(root, sif, "local", tmp_path / "tmp-witness", "--attest", str(priv), "--json")
     assert proc.returncode == 0, fail_with(proc, "witness --attest")
     assert as_json(proc)["attested"]["data"]["predicate_type"] == WITNESS
 
@@ -145,17 +144,20 @@ def test_signed_attested_pushed_pulled_inspected_and_gated(tiny_sif, registry, t
     assert all(d["subject"][0]["digest"]["sha256"] == digest for d in dumped.values())
     check_slsa_v1(dumped[SLSA]["predicate"])
     ext = dumped[SLSA]["predicate"]["buildDefinition"]["externalParameters"]
-    assert ext["specHash"] == tiny_sif.hash and ext["site"] == "sif-fast" and ext["spec"]["name"] == NAME
+    assert ext["specHash"] == demo_sif.hash and ext["site"] == "local" and ext["spec"]["name"] == NAME
     deps = dumped[SLSA]["predicate"]["buildDefinition"]["resolvedDependencies"]
     assert deps[0]["name"] == "base" and len(deps[0]["digest"]["sha256"]) == 64, deps
     schema = json.loads((REPO / "docs" / "witness-predicate.schema.json").read_text())
     jsonschema.validate(dumped[WITNESS]["predicate"], schema)
     checks = {w["check"]: w["verdict"] for w in dumped[WITNESS]["predicate"]["witnesses"]}
-    assert checks.get("imports") == "OK" and checks.get("python") == "OK", checks
+    assert all(checks.get(c) == "OK" for c in WITNESSED), checks
+    collectives = [w for w in dumped[WITNESS]["predicate"]["witnesses"] if w["check"] == "collectives"]
+    assert collectives and {w["backend"] for w in collectives} == {"gloo"}, collectives
+    assert 2 in {w.get("worldSize") for w in collectives}, collectives
 
     # push; pull as another user into an empty folder holding only the public key; inspect there.
     site = write_site(root, "prov", registry_ca=str(registry.ca),
-                      trust={"keys": [str(pub)], "require_witnessed": ["imports", "python"]})
+                      trust={"keys": [str(pub)], "require_witnessed": list(WITNESSED)})
     repo = f"envport/{unique('prov')}"
     proc = run_envport("push", NAME, "--sif", str(sif), "--site", site, "--to", registry.url(repo, "v1"), "--json",
                        root=root, timeout=900)
@@ -207,9 +209,9 @@ def test_signed_attested_pushed_pulled_inspected_and_gated(tiny_sif, registry, t
     by_type = {s["predicate_type"]: s for s in data["statements"]}
     assert set(by_type) == {SLSA, WITNESS}, data["statements"]
     assert all(s["verdict"] == "trusted" and "pub.pem" in s["by"] for s in by_type.values()), by_type
-    assert by_type[WITNESS]["witnessed"] == {"python": True, "imports": True}
+    assert by_type[WITNESS]["witnessed"] == {c: True for c in WITNESSED}
 
-    # The gate under require_witnessed [imports, python]: the pulled copy runs ...
+    # The gate under require_witnessed [imports, collectives]: the pulled copy runs ...
     proc = witness(root, mine, site, tmp_path / "tmp-ok")
     assert proc.returncode == 0, fail_with(proc, "witness under require_witnessed")
     # ... and three copies are refused before any mount (their TMPDIR stays empty).

@@ -54,7 +54,7 @@ def attest_step(path: Path, key_files: list[str], *, witness: dict | None = None
     through). `build --sign`, `witness --attest` and `verify --attest` call it too."""
     from envport.commands.sign import load_signers
     from envport.core.verdict import StepResult, Verdict
-    from envport.sif.provenance.attest import attest_sif, primary_of, provenance_of
+    from envport.sif.provenance.attest import NoEmbeddedSpec, attest_sif, primary_of, provenance_of
     from envport.sif.provenance.statement import SLSA_PROVENANCE, WITNESS_PREDICATE, BadStatement
     from envport.sif.format import SifError, read_sif
 
@@ -71,6 +71,8 @@ def attest_step(path: Path, key_files: list[str], *, witness: dict | None = None
         else:
             kind, predicate = SLSA_PROVENANCE, provenance_of(read[0])
         done = attest_sif(path, signers, kind, predicate, read=read, doc=doc)
+    except NoEmbeddedSpec as exc:
+        return StepResult(step, Verdict.REFUSED, str(exc), reason="no_embedded_spec")
     except BadStatement as exc:
         return StepResult(step, Verdict.REFUSED, str(exc), reason="bad_statement")
     except SifError as exc:

@@ -132,6 +132,11 @@ def _signed_and_attested(sif, key: str):
     if provenance_present(sif, key):
         return replace(signed, detail=f"{signed.detail}; SLSA provenance already attested by this key")
     attested = attest_step(sif, [key])
+    if attested.reason == "no_embedded_spec":
+        # apptainer's own route embeds no envport-spec.json to attest from: the signature asked for stands,
+        # and the step says plainly that no provenance was written (never OK for a statement not made).
+        return replace(signed, detail=f"{signed.detail}; no provenance attested: {attested.detail}",
+                       data={**signed.data, "provenance": None})
     if not attested.verdict.ok:
         return replace(attested, step=signed.step, detail=f"signed ({signed.detail}); provenance not attested: "
                        f"{attested.detail}")

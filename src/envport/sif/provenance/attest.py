@@ -66,6 +66,10 @@ def attest_sif(path: str | Path, signers: Sequence, predicate_type: str, predica
     return Attested(str(path), new_id, str(doc["predicateType"]), digest, tuple(k.public.keyid for k in signers))
 
 
+class NoEmbeddedSpec(BadStatement):
+    """The SIF embeds no spec object (apptainer's own route): there is no build of envport's to attest."""
+
+
 def provenance_of(info) -> dict:
     """The SLSA provenance v1 predicate of the SIF INFO, from the spec object its builder embedded;
     BadStatement when it embeds none (apptainer's own build) or not envport's."""
@@ -78,6 +82,6 @@ def provenance_of(info) -> dict:
     except (SifError, KeyError, TypeError, ValueError) as exc:
         raise BadStatement(f"{info.path}: its {SPEC_OBJECT} is not envport's ({exc})") from None
     if facts is None:
-        raise BadStatement(f"{info.path} holds no {SPEC_OBJECT}: envport's builder did not build it, so there "
+        raise NoEmbeddedSpec(f"{info.path} holds no {SPEC_OBJECT}: envport's builder did not build it, so there "
                            "is no build to attest; attest a statement you wrote with --statement FILE.json")
     return predicate(facts)
