@@ -16,8 +16,8 @@ def register(sub) -> None:
         "subject is the primary partition's sha256, recomputed from the file. The DSSE envelope (payloadType "
         "application/vnd.in-toto+json) is signed with the keys `envport sign` takes. `envport inspect FILE.sif "
         "--key PUB.pem` lists and checks every statement (docs/provenance.md). Exit 0 attested, 1 not a usable "
-        "SIF, 2 bad arguments or key file, 3 refused (bad_statement: no build to attest, or a statement that "
-        "is not an in-toto Statement v1 about this SIF).")
+        "SIF, 2 bad arguments or key file, 3 refused (no_embedded_spec: no build of envport's to attest; "
+        "bad_statement: a statement that is not an in-toto Statement v1 about this SIF).")
     p.add_argument("sif", metavar="FILE.sif")
     p.add_argument("--key", action="append", default=[], required=True, metavar="KEY.pem",
                    help="PEM private key, no passphrase (repeat for several signers in one envelope)")
@@ -110,10 +110,18 @@ def load_keys_early(key_file: str) -> None:
     load_signers([key_file])
 
 
+def utc_now():
+    """Now, in UTC: a witness statement's startedOn (taken before the run) and finishedOn."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
 def witness_attest_step(sif: str, key_file: str, *, env: str, env_hash: str, target: str, launcher: str, steps,
-                        verdict: str, started, finished):
-    """The statement of a witness (or verify) run: every step in STEPS, attested about the partition the run's
-    gate judged and mounted (sif/gate.py keeps that open file for the process), not the path read again."""
+                        verdict: str, started):
+    """The statement of a witness (or verify) run that began at STARTED (utc_now) and ends now: every step in
+    STEPS, attested about the partition the run's gate judged and mounted (sif/gate.py keeps that open file for
+    the process), not the path read again."""
     from envport.sif.provenance.witness import predicate
     from envport.sif.format import SifError
     from envport.sif.gate import TrustRefused, gate
@@ -124,22 +132,17 @@ def witness_attest_step(sif: str, key_file: str, *, env: str, env_hash: str, tar
     except (SifError, TrustRefused):
         read = None  # the run said why; the attest step reads the file itself and says so again if it must
     pred = predicate(env=env, env_hash=env_hash, target=target, launcher=launcher, steps=steps, verdict=verdict,
-                     started=started, finished=finished)
+                     started=started, finished=utc_now())
     return attest_step(Path(sif), [key_file], witness=pred, read=read)
 
 
-def provenance_present(path: Path, key_file: str) -> bool:
-    """The SIF at PATH already holds a SLSA provenance statement about its partition signed by KEY_FILE's key
-    (a second `build --sign` of a present SIF adds none)."""
+def provenance_present(read, key_file: str) -> bool:
+    """The SIF READ ((SifInfo, primary partition), sif/provenance/attest.py `primary_of`) already holds a SLSA
+    provenance statement about its partition signed by KEY_FILE's key (a second `build --sign` of a present SIF
+    adds none). The caller passes the same READ to attest_step: the partition is hashed once."""
     from envport.commands.sign import load_signers
     from envport.sif.provenance.judge import TRUSTED, judge_statements
-    from envport.sif.provenance.attest import primary_of
     from envport.sif.provenance.statement import SLSA_PROVENANCE
-    from envport.sif.format import SifError, read_sif
 
-    try:
-        info = read_sif(path)
-        judged = judge_statements(info, primary_of(info), [k.public for k in load_signers([key_file])])
-    except SifError:
-        return False
+    judged = judge_statements(read[0], read[1], [k.public for k in load_signers([key_file])])
     return any(j.verdict == TRUSTED and j.predicate_type == SLSA_PROVENANCE for j in judged)

@@ -125,13 +125,22 @@ def _signed_and_attested(sif, key: str):
 
     from envport.commands.attest import attest_step, provenance_present
     from envport.commands.sign import sign_step
+    from envport.core.verdict import Verdict
+    from envport.sif.format import SifError, read_sif
+    from envport.sif.provenance.attest import primary_of
 
     signed = sign_step(sif, [key], None)
     if not signed.verdict.ok:
         return signed
-    if provenance_present(sif, key):
+    try:
+        info = read_sif(sif)
+        read = (info, primary_of(info))
+    except SifError as exc:  # the file sign_step just wrote no longer reads: said as the attest step would
+        return replace(signed, verdict=Verdict.FAILED, reason=exc.reason,
+                       detail=f"signed ({signed.detail}); provenance not attested: {exc.message}")
+    if provenance_present(read, key):
         return replace(signed, detail=f"{signed.detail}; SLSA provenance already attested by this key")
-    attested = attest_step(sif, [key])
+    attested = attest_step(sif, [key], read=read)
     if attested.reason == "no_embedded_spec":
         # apptainer's own route embeds no envport-spec.json to attest from: the signature asked for stands,
         # and the step says plainly that no provenance was written (never OK for a statement not made).

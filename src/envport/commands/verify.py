@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg, project_root
-from envport.commands.attest import add_attest_arg
+from envport.commands.attest import add_attest_arg, utc_now
 from envport.targets.base import VERIFY
 from envport.targets.registry import get, hosted, names
 
@@ -70,7 +70,7 @@ def run(args) -> int:
 
     if not target.supports(VERIFY):
         return report([target.refuse(VERIFY).result(f"verify {loaded.spec.name}")], args.json, command="verify")
-    started = _now()
+    started = utc_now()
     try:
         result = target.verify(VerifyRequest(loaded, site, root, host=args.host, image=args.image,
                                              sif=Path(args.sif).resolve() if args.sif else None, junit=junit,
@@ -92,11 +92,6 @@ def run(args) -> int:
     return report(steps, args.json, command="verify")
 
 
-def _now():
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
-
 
 def _attest(args, site, root, loaded, identity, result, started):
     """--attest: the verification attested into the SIF that was verified, as a witness statement."""
@@ -105,7 +100,7 @@ def _attest(args, site, root, loaded, identity, result, started):
     sif = str(Path(args.sif).resolve()) if args.sif else str(get(args.target).built_file(site, root, identity))
     return witness_attest_step(sif, args.attest, env=loaded.spec.name, env_hash=identity.hash, target=args.target,
                                launcher="verify (testinfra against the SIF)", steps=[result],
-                               verdict=result.verdict.value, started=started, finished=_now())
+                               verdict=result.verdict.value, started=started)
 
 
 def _outside_project_junit(root: Path, site, name: str) -> Path | None:

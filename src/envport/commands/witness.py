@@ -9,7 +9,7 @@ import sys
 import time
 
 from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg
-from envport.commands.attest import add_attest_arg
+from envport.commands.attest import add_attest_arg, utc_now
 from envport.core.verdict import StepResult
 from envport.targets.base import WITNESS, launcher_for
 from envport.targets.registry import get, names
@@ -126,7 +126,7 @@ def run(args) -> int:
         opts.on_step = lambda r: _print_step(fixed(r), out)
         opts.on_start = lambda call: print(f"  ... {call.label}: {', '.join(call.checks)}", file=sys.stderr,
                                            flush=True)
-    t0, started = time.monotonic(), _now()
+    t0, started = time.monotonic(), utc_now()
     steps = [fixed(r) for r in run_witnesses(spec, launcher, opts)]
     result = overall(steps, time.monotonic() - t0)
     attested = None
@@ -163,18 +163,13 @@ def run(args) -> int:
     return result.data["exit_code"]
 
 
-def _now():
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
-
 
 def _attest(args, sif: str, name: str, hash_: str, launcher: str, steps, result, started) -> StepResult:
     """The run attested into SIF with --attest's key: every step, failed ones too."""
     from envport.commands.attest import witness_attest_step
 
     return witness_attest_step(sif, args.attest, env=name, env_hash=hash_, target=args.target, launcher=launcher,
-                               steps=steps, verdict=result.verdict.value, started=started, finished=_now())
+                               steps=steps, verdict=result.verdict.value, started=started)
 
 
 def _docs(args, loaded, site, hash_: str) -> list:
