@@ -147,9 +147,9 @@ def _timed_build(spec: str, root: Path, env: dict) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"envport build {spec} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     last = json.loads(proc.stdout)["steps"][-1]
-    from envport.sif.compare import file_sha256
+    from envport.plan.lock import sha256_file
 
-    return {"s": round(seconds, 2), "timings": last["data"]["timings"], "sha256": file_sha256(last["data"]["sif"]),
+    return {"s": round(seconds, 2), "timings": last["data"]["timings"], "sha256": sha256_file(last["data"]["sif"]),
             "sif": last["data"]["sif"]}
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from envport.builders.apptainer.phase_cache import PhaseCache
-from envport.sif.compare import file_sha256, manifest_diff, manifest_digest, tree_manifest, unpack_partition
+from envport.plan.lock import sha256_file
+from envport.sif.compare import manifest_diff, manifest_digest, tree_manifest, unpack_partition
 
 from .sif_fixtures import SIF_TIMEOUT, require_sif_tools, sif_env
 from .support import as_json, copy_project, fail_with, run_envport, write_site, write_spec
@@ -87,7 +88,7 @@ def cold(base_image, tmp_path_factory, cache_dir) -> list[dict]:
 
 def test_two_builds_sharing_an_empty_cache_both_end_right_with_the_same_bytes(cold, cache_dir):
     a, b = cold
-    assert file_sha256(a["sif"]) == file_sha256(b["sif"]), "two builds of one spec, lock and site from nothing differ"
+    assert sha256_file(a["sif"]) == sha256_file(b["sif"]), "two builds of one spec, lock and site from nothing differ"
     cache = PhaseCache(cache_dir, 1 << 40)
     entries = cache.entries()
     # kept: the step before the first pip phase, then each pip phase but the last step (labels)
@@ -118,7 +119,7 @@ def test_random_phase_edits_through_the_cache_equal_a_build_from_nothing(cold, c
         rebuilt = out["steps"][-1].get("data", {})
         raise AssertionError(f"seed {SEED}, edits {done}: the cached build differs from one from nothing: "
                              f"{rebuilt}\n{proc.stderr[-3000:]}")
-    assert out["sha256"] == out["rebuilt_sha256"] == file_sha256(built["sif"])
+    assert out["sha256"] == out["rebuilt_sha256"] == sha256_file(built["sif"])
 
 
 def test_a_killed_build_leaves_no_usable_entry(cold, cache_dir, tmp_path):
@@ -162,7 +163,7 @@ def test_a_damaged_entry_is_named_removed_and_rebuilt(cold, cache_dir, tmp_path)
     a = tree_manifest(unpack_partition(cold[0]["sif"], tmp_path / "a"))
     b = tree_manifest(unpack_partition(built["sif"], tmp_path / "b"))
     assert manifest_diff(a, b) == []
-    assert file_sha256(built["sif"]) == file_sha256(cold[0]["sif"])
+    assert sha256_file(built["sif"]) == sha256_file(cold[0]["sif"])
 
 
 def test_gc_phase_cache_empties_it_saying_what_it_freed(cold, cache_dir, tmp_path):

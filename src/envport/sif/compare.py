@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envport.core.proc import run
+from envport.plan.lock import sha256_file
 from envport.sif.format import SifInfo, primary_partition, read_sif
 from envport.sif.handle import SifError, SifFile
 
 HEADER_FIELDS = ("arch", "uuid", "created", "modified", "data_size", "descriptors_free")
 UNSQUASH_TIMEOUT = 1800
-BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -38,20 +38,12 @@ class SifDiff:
         return not (self.header or self.objects or self.paths)
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(BLOCK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _entry_line(root: str, path: str) -> str:
     st = os.lstat(path)
     rel = "/" + os.path.relpath(path, root) if path != root else "/"
     kind = stat.S_IFMT(st.st_mode)
     if stat.S_ISREG(kind):
-        what = file_sha256(path)
+        what = sha256_file(path)
     elif stat.S_ISLNK(kind):
         what = "-> " + os.readlink(path)
     else:

@@ -127,16 +127,16 @@ def later_files(deffile: DefFile, phases: Phases, k: int) -> DefFile:
 
 def _content_digest(path: Path) -> str:
     """sha256 over a %files source: a file's bytes, or a directory's sorted relative names and bytes."""
-    from envport.sif.compare import file_sha256
+    from envport.plan.lock import sha256_file
 
     if not path.is_dir():
-        return file_sha256(path)
+        return sha256_file(path)
     h = hashlib.sha256()
     for top, dirs, files in os.walk(path, followlinks=True):  # cp -L follows links: so does the key
         dirs.sort()
         for name in sorted(files):
             full = os.path.join(top, name)
-            h.update(f"{os.path.relpath(full, path)}\0{file_sha256(full)}\n".encode("utf-8", "surrogateescape"))
+            h.update(f"{os.path.relpath(full, path)}\0{sha256_file(full)}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

@@ -22,7 +22,8 @@ import yaml
 
 from envport.core.progress import Progress
 from envport.core.verdict import StepResult, Verdict
-from envport.sif.compare import SifDiff, compare_sifs, file_sha256
+from envport.plan.lock import sha256_file
+from envport.sif.compare import SifDiff, compare_sifs
 from envport.sif.format import SPEC_OBJECT, SifError, read_json_object, read_sif
 
 
@@ -102,7 +103,7 @@ def rebuild_check(sif: Path, root: Path, site_ref: Optional[str], progress: Prog
     if missing:
         out.steps.append(_refused(step, *missing))
         return out
-    out.original = file_sha256(sif)
+    out.original = sha256_file(sif)
     site = load_site(site_ref or doc.get("site"), root)
     with tempfile.TemporaryDirectory(prefix="envport-rebuild-", dir=work) as tmp_s:
         tmp = _project(Path(tmp_s), root, doc)
@@ -125,7 +126,7 @@ def rebuild_check(sif: Path, root: Path, site_ref: Optional[str], progress: Prog
             out.steps += SifBuild(loaded, site, tmp, resolved, target, progress).run(False)
         if not out.steps or not out.steps[-1].verdict.ok:
             return out
-        out.rebuilt = file_sha256(target)
+        out.rebuilt = sha256_file(target)
         if out.rebuilt == out.original:
             out.steps.append(StepResult(step, Verdict.OK, f"byte-identical: sha256 {out.original}",
                                         data={"sha256": out.original, "same": True}))
