@@ -19,16 +19,16 @@ def host_gpu_count() -> int:
 
 
 def _env_gpus(launcher, env: dict, opts: WitnessOptions) -> tuple[Optional[int], Optional[int], list[str]]:
-    """(GPUs the env's torch sees, GPUs its JAX sees, the words behind them); None where one did not answer
-    (or JAX is not installed)."""
+    """(GPUs the env's torch sees, GPUs its JAX sees, the words behind them, each line saying which framework
+    it is from); None where one did not answer (or JAX is not installed)."""
     launched = launcher.run("gpus.py", [], env, opts.check_timeout_s + LAUNCH_MARGIN_S, None)
     rec = next((r for r in parse_sentinels(launched.output) if r["check"] == "gpus"), None)
     if rec is None:
-        return None, None, [f"the env's torch did not answer: {why_missing(launched, opts.check_timeout_s)}"]
+        return None, None, [f"torch: the env's torch did not answer: {why_missing(launched, opts.check_timeout_s)}"]
     jax_n, words = _jax_gpus(rec.get("jax"))
     if not rec.get("ok"):
-        return None, jax_n, [f"the env's torch: {rec.get('error')}"] + words
-    return int(rec.get("count") or 0), jax_n, [str(x) for x in rec.get("warnings") or []] + words
+        return None, jax_n, [f"torch: the env's torch: {rec.get('error')}"] + words
+    return int(rec.get("count") or 0), jax_n, [f"torch: {x}" for x in rec.get("warnings") or []] + words
 
 
 def _jax_gpus(jax: Optional[dict]) -> tuple[Optional[int], list[str]]:
@@ -62,7 +62,7 @@ def census_result(census: GpuCensus, words: list[str]) -> StepResult:
     # JAX named only where the env holds it: a torch-only env's line reads as it always did.
     jax_n = "" if census.jax is None else f"; the env's JAX: {census.jax}; judged by {census.judged_by}"
     lines = [f"note: {census.note}"] if census.note else []
-    lines += [w if w.startswith("jax") else f"torch: {w}" for w in words]
+    lines += words
     return StepResult("gpus", Verdict.OK, f"{census.count} GPU(s) on {census.where} (nvidia-smi: {smi}; "
                       f"the env's torch: {torch_n}{jax_n})", lines=lines,
                       data={"census": census.to_dict()})

@@ -60,8 +60,7 @@ def _run_planned(spec: Spec, launcher, opts: WitnessOptions, add: Callable[[list
                 else f"the env's torch sees {census.torch}")
         add([StepResult("accelerator", Verdict.REFUSED, f"{why}; this host has none ({smi}, {seen})",
                         reason=NO_ACCELERATOR_REASON,
-                        lines=[f"torch: {w}" for w in words]
-                        + ["fix: run on a GPU node; `envport doctor` shows the Slurm route"])])
+                        lines=words + ["fix: run on a GPU node; `envport doctor` shows the Slurm route"])])
         return
     if census is not None and (census.count > 0 or census.note):
         add([census_result(census, words)])
