@@ -63,8 +63,10 @@ def host_dir(root: Path, env_name: str, weight: str) -> Path:
     return Path(root) / env_name / weight
 
 
-def runtime_env(spec: Spec, root: Path) -> dict[str, str]:
-    """Each weight's env var pointed at its folder on this host (venv targets: there is no mount)."""
+def runtime_env(spec: Spec, root: Optional[Path] = None) -> dict[str, str]:
+    """Each weight's env var pointed at its folder on this host (venv targets: there is no mount); ROOT: the
+    weights root, by default weights_root()'s."""
+    root = weights_root() if root is None else root
     return {w.env: str(host_dir(root, spec.name, n)) for n, w in sorted(spec.weight_dirs.items()) if w.env}
 
 
@@ -73,9 +75,10 @@ def mounts(spec: Spec, root: Path) -> list[tuple[str, str]]:
     return [(str(host_dir(root, spec.name, n)), w.path) for n, w in sorted(spec.weight_dirs.items())]
 
 
-def existing_mounts(spec: Spec, root: Path) -> list[tuple[str, str]]:
-    """mounts() whose host folder exists: docker would otherwise create an empty one, as root."""
-    return [(h, p) for h, p in mounts(spec, root) if Path(h).is_dir()]
+def existing_mounts(spec: Spec, root: Optional[Path] = None) -> list[tuple[str, str]]:
+    """mounts() whose host folder exists: docker would otherwise create an empty one, as root. ROOT: the
+    weights root, by default weights_root()'s."""
+    return [(h, p) for h, p in mounts(spec, weights_root() if root is None else root) if Path(h).is_dir()]
 
 
 def remote_env(spec: Spec) -> dict[str, str]:

@@ -105,7 +105,7 @@ class Apptainer(Target):
         spec = req.loaded.spec
         sif = Path(req.sif) if req.sif else sif_path(req.site, req.loaded.root, req.identity)
         launcher = SifLauncher(sif, python=req.python or "python3", gpus=req.gpus,
-                               mounts=weights.existing_mounts(spec, weights.weights_root()),
+                               mounts=weights.existing_mounts(spec),
                                missing_fix="the file you named does not exist: check the path given to --sif"
                                if req.sif else f"envport build {spec.name} --target apptainer, or pass --sif FILE")
         return launcher, {"sif": str(sif)}
@@ -140,7 +140,7 @@ class Apptainer(Target):
         # The weights bound at their paths in the SIF, from the weights root the nodes share with this host.
         return TaskEnv(SifLauncher(Path(job.sif), python=job.python, witness_dir=job.witness_dir,
                                    gpus=wants_gpus(job.profile), runtime=runtime,
-                                   mounts=weights.existing_mounts(job.loaded.spec, weights.weights_root())))
+                                   mounts=weights.existing_mounts(job.loaded.spec)))
 
     def probe(self, run, where, names, site=None, host=None):
         """Inside the SIF: apptainer exec --cleanenv, else ch-run on the SIF mounted for the probe."""

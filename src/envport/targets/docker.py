@@ -57,7 +57,7 @@ class Docker(Target):
         image = req.image or req.identity.image_tag
         launcher = DockerLauncher(image, python=req.python or "python3", gpus=req.gpus,
                                   missing_fix=f"envport build {spec.name} --target docker, or pass --image TAG",
-                                  mounts=weights.existing_mounts(spec, weights.weights_root()))
+                                  mounts=weights.existing_mounts(spec))
         return launcher, {"image": image}
 
     def slurm_wrap(self, req):
@@ -71,7 +71,7 @@ class Docker(Target):
         # The weights bound at their paths in the image, from the weights root the nodes share with this host.
         return TaskEnv(DockerLauncher(job.image, python=job.python, docker=job.docker_bin,
                                       witness_dir=job.witness_dir, gpus=wants_gpus(job.profile),
-                                      mounts=weights.existing_mounts(job.loaded.spec, weights.weights_root())))
+                                      mounts=weights.existing_mounts(job.loaded.spec)))
 
     def slurm_refusal(self, profile):
         if profile.container_runtime == "docker":

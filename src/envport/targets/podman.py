@@ -79,7 +79,7 @@ def verify(req: VerifyRequest) -> StepResult:
         try:
             req.progress(f"envport: [verify] starting {name} from {ref} (podman, network {req.site.network})")
             started = _engine().start(img["id"], name, req.site.network,
-                                   weights.existing_mounts(spec, weights.weights_root()), {VERIFY_LABEL: spec.name})
+                                   weights.existing_mounts(spec), {VERIFY_LABEL: spec.name})
             if not started.ok:
                 return StepResult(step, Verdict.FAILED, f"podman could not start {name}",
                                   lines=started.text.splitlines()[-20:])
@@ -164,7 +164,7 @@ class Podman(Target):
         launcher = PodmanLauncher(image, python=req.python or "python3", gpus=False, shm_size=WITNESS_SHM,
                                   docker=_engine().podman(), name_prefix="envport-witness",
                                   missing_fix=f"envport build {spec.name} --target podman, or pass --image TAG",
-                                  mounts=weights.existing_mounts(spec, weights.weights_root()))
+                                  mounts=weights.existing_mounts(spec))
         return launcher, {"image": image, "engine": NAME}
 
     def push(self, req):

@@ -73,7 +73,7 @@ class Venv(HostTarget):
 
         # Each weight's variable at its folder under the weights root, which the nodes share with this host
         # (the docs level's commands read them, as the CLI witnesses' do on a venv here).
-        found = weights.runtime_env(job.loaded.spec, weights.weights_root())
+        found = weights.runtime_env(job.loaded.spec)
         exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(found.items())]
         return TaskEnv(LocalLauncher(f"{job.prefix}/bin/python", witness_dir=job.witness_dir, base_env={}),
                        prelude=tuple(venv_prelude(job.prefix)) + tuple(exports))
@@ -99,10 +99,10 @@ class Venv(HostTarget):
         if not (python.parent.parent / ".envport" / "env.sh").is_file():
             env.update(spec.env)
         # Each weight's variable points at its folder under the weights root, bound read-only where bwrap works.
-        env.update(weights.runtime_env(spec, weights.weights_root()))
+        env.update(weights.runtime_env(spec))
         launcher = LocalLauncher(python, base_env=env,
                                  missing_fix=f"envport build {spec.name} --target venv, or pass --python PATH",
-                                 read_only=[h for h, _ in weights.existing_mounts(spec, weights.weights_root())])
+                                 read_only=[h for h, _ in weights.existing_mounts(spec)])
         return launcher, {"prefix": str(python.parent.parent)}
 
 

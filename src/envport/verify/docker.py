@@ -106,7 +106,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, image: Optional[str] = Non
             progress(f"envport: [verify] starting {name} from {ref} (network {site.network})")
             # The weights as every run sees them: this host's folders, read-only at the spec's paths.
             mounts = {host: {"bind": path, "mode": "ro"}
-                      for host, path in weights.existing_mounts(spec, weights.weights_root())}
+                      for host, path in weights.existing_mounts(spec)}
             container = client.containers.run(
                 img.id, entrypoint=["sleep", "infinity"], detach=True, name=name,
                 network_mode=site.network, labels={VERIFY_LABEL: spec.name}, volumes=mounts)

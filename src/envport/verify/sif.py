@@ -137,7 +137,7 @@ def verify(loaded: Loaded, site: Site, root: Path, *, sif: Optional[Path] = None
                               lines=[f"fix: {mount_fix(f'envport inspect {path}')}"], seconds=time.monotonic() - start)
         # The weights as every run sees them: this host's folders at the spec's paths (mount points
         # the image has: %post made them).
-        binds = weights.existing_mounts(spec, weights.weights_root())
+        binds = weights.existing_mounts(spec)
         _TARGETS[token] = (kind, gated, mnt, binds)
         stack.callback(_TARGETS.pop, token, None)
         progress(f"envport: [verify] {kind} on {path}" + (f" ({sif_run.reached_as(Path(mnt))})" if mnt else ""))
