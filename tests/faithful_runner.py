@@ -16,8 +16,9 @@ What is played, and how:
 - `actions/checkout` = the project's tracked files copied into a fresh workspace;
 - `actions/setup-python` = a python of that version under a fresh tool cache (`python3.11 -m venv --copies`
   of the host's, owned by the runner user), its bin/ first on PATH and `pythonLocation` set, as the action does;
-- `actions/cache` = nothing (a cold cache); `actions/upload-artifact` = nothing (it uploads, it runs nothing);
-- the steps in STOOD_IN, each with why (a source this host cannot reach).
+- `actions/cache` = nothing (a cold cache); `actions/upload-artifact` = nothing (it uploads, it runs nothing).
+Nothing else is stood in for: a step that needs a source this host cannot reach (the apptainer PPA, which
+only self-hosted rows install) fails the job here, so a template change cannot pass unseen.
 """
 
 from __future__ import annotations
@@ -41,11 +42,6 @@ SETUP = REPO / ".ci" / "faithful-runner.sh"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/snap/bin"
 PYTHON = "3.11"
 HOST_PYTHON = "/usr/bin/python3.11"
-# A step that needs a source this host cannot reach, by the start of its name: what it provides, and how.
-STOOD_IN = {
-    "Install apptainer": "the apptainer PPA (Launchpad) is not reachable here: the host's own apptainer "
-                         "plays it (a test without one skips the apptainer job, saying so)",
-}
 _EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 
 
@@ -81,7 +77,7 @@ def context(row: dict, workspace: Path) -> dict:
 @dataclass
 class Step:
     name: str
-    run: str | None  # None: played (a `uses:` action, or stood in for): `why` says how
+    run: str | None  # None: a `uses:` action, played: `why` says how
     env: dict = field(default_factory=dict)
     why: str = ""
 
@@ -104,10 +100,6 @@ def job_steps(workflow: dict, row: dict, workspace: Path) -> list[Step]:
             continue
         assert "run" in step, f"step {i} has neither run nor uses"
         env = {k: substitute(str(v), ctx) for k, v in (step.get("env") or {}).items()}
-        stood = next((why for prefix, why in STOOD_IN.items() if name.startswith(prefix)), None)
-        if stood:
-            out.append(Step(name, None, env, why=f"stood in for: {stood}"))
-            continue
         out.append(Step(name, substitute(step["run"], ctx), env))
     return out
 

@@ -164,9 +164,11 @@ def test_committed_workflow_is_generated_byte_identical_and_drift_is_reported(pr
     assert text.count("\n          - {pair: ") + len(skipped) == len(loaded) * rows
     assert text.count("\n# not emitted, REFUSED [") == len(skipped)
     assert '{pair: "chai-lab-docker", env: "chai-lab", target: "docker", host: "", local-base: false, ' \
-           'runner: ["self-hosted", "linux", "gpu", "gpus-1"]}' in text
+           'sif-builder: "", runner: ["self-hosted", "linux", "gpu", "gpus-1"]}' in text
     assert '{pair: "demo-cpu-docker", env: "demo-cpu", target: "docker", host: "", local-base: true, ' \
-           'runner: ["ubuntu-24.04"]}' in text
+           'sif-builder: "", runner: ["ubuntu-24.04"]}' in text
+    assert '{pair: "demo-cpu-apptainer", env: "demo-cpu", target: "apptainer", host: "", local-base: true, ' \
+           'sif-builder: "envport", runner: ["ubuntu-24.04"]}' in text
     assert "sudo add-apt-repository -y ppa:apptainer/ppa" in text and "envport render --all --check" in text
     # A project that keeps the workflow: --format github writes it, render --check reports its drift.
     proc = run_envport("matrix", "--format", "github", root=project, timeout=120)
@@ -178,7 +180,7 @@ def test_committed_workflow_is_generated_byte_identical_and_drift_is_reported(pr
     proc = run_envport("render", "--all", "--check", root=project, timeout=120)
     assert proc.returncode == 1 and f"drift: {WORKFLOW}\n" in proc.stderr
     proc = run_envport("matrix", "--format", "github", root=project, timeout=120)
-    jobs = len(loaded) * rows - len(skipped) + rows - 1  # the new spec's pairs but its SSH one
+    jobs = len(loaded) * rows - len(skipped) + rows - 2  # the new spec's pairs but its SSH and conda ones
     assert f"({jobs} jobs)" in proc.stdout and _workflow_check(project) == ("OK", []), proc.stdout
     (project / WORKFLOW).write_text((project / WORKFLOW).read_text() + "# edited by hand\n")
     run_envport("render", "--all", root=project, timeout=120, check=True)  # regenerates it with images/

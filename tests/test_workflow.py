@@ -17,10 +17,14 @@ from envport.spec.loader import all_spec_names, load_spec
 from .support import REPO, run_envport
 
 WORKFLOW = Path(".github/workflows/envs.yml")
-# The commands of the workflow that need root on a runner, and only these: apt installs, sshd's setup, and
-# debootstrap (under `envport base`, given the user's PATH: sudo's secure_path would drop setup-python's).
-ROOT_COMMANDS = ("sudo apt-get ", "sudo add-apt-repository ", "sudo bash .ci/services/sshd.sh",
-                 'sudo env "PATH=$PATH" envport base ')
+# The commands of the workflow that need root on a runner, and only these: apt installs, debootstrap (under
+# `envport base`, given the user's PATH: sudo's secure_path would drop setup-python's) and envport's own SIF
+# build (its %post runs as root), which `envport up` gets for an apptainer row on a hosted runner.
+ROOT_COMMANDS = ("sudo apt-get ", "sudo add-apt-repository ", 'sudo env "PATH=$PATH" envport base ',
+                 'set -- sudo env "PATH=$PATH" ENVPORT_STATE_DIR=/var/lib/envport-runner/state ',
+                 "if sudo test -d /var/lib/envport-runner/state", "sudo cp -r /var/lib/envport-runner/state/. ",
+                 'sudo chown -R "$(id -u):$(id -g)" "$ENVPORT_STATE_DIR"')
+UP_LINE = '"$@" | tee "reports/up-$PAIR.json"'
 
 
 def _run_lines(text: str) -> list[str]:
@@ -32,8 +36,8 @@ def test_workflow_steps_run_as_the_user_and_root_only_where_needed():
     lines = _run_lines((REPO / WORKFLOW).read_text())
     sudo = [ln for ln in lines if "sudo" in ln.split("#")[0]]
     assert sudo and all(ln.startswith(ROOT_COMMANDS) for ln in sudo), sudo
-    up = [ln for ln in lines if "envport \"$@\"" in ln]
-    assert up == ['envport "$@" | tee "reports/up-$PAIR.json"'], lines
+    up = [ln for ln in lines if '"$@" |' in ln]
+    assert up == [UP_LINE], lines
 
 
 def _lock(*dists: tuple[str, str], url: str = "") -> LockFile:
@@ -165,10 +169,63 @@ def test_podman_pairs_on_a_local_base_get_it_into_podmans_store():
         body = "\n".join(s.get("run", "") for s in ran)
         load = body.index("| podman load")
         assert body.index("envport base debian-bookworm") < load, body
-        assert "podman image exists envport/debian-bookworm:base" in body and load < body.index('envport "$@"')
+        assert "podman image exists envport/debian-bookworm:base" in body and load < body.index(UP_LINE)
     docker_rows = [r for r in rows if r["target"] == "docker" and r["local-base"]]
     assert all("podman" not in "".join(s.get("run", "") for s in steps if _runs(s.get("if", ""), r))
                for r in docker_rows)
+
+
+def _up_argv(row: dict, steps: list) -> list[str]:
+    """What the `envport up` step runs for ROW, its shell lines played by bash with the row's env (not run)."""
+    import subprocess
+
+    step = next(s for s in steps if s.get("name") == "envport up")
+    env = {k: str(v).replace("${{ matrix.", "").replace(" }}", "") for k, v in step["env"].items()}
+    env = {k: ("" if row.get(v) is None else str(row[v])) for k, v in env.items()}
+    script = step["run"].replace(UP_LINE, 'printf "%s\\n" "$@"').replace("mkdir -p reports", ":")
+    out = subprocess.run(["bash", "-ec", script], env={**env, "PATH": "/usr/bin:/bin", "ENVPORT_STATE_DIR": "S"},
+                         capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_apptainer_rows_build_with_envports_builder_on_a_hosted_runner_and_apptainer_on_a_gpu_one():
+    """Issue 38: the hosted runner's apptainer job is the one the faithful runner plays (envport's own SIF
+    builder, under sudo, from Ubuntu's packages); a self-hosted GPU row installs apptainer (the PPA)."""
+    data = yaml.safe_load((REPO / WORKFLOW).read_text())
+    rows = data["jobs"]["up"]["strategy"]["matrix"]["include"]
+    steps = data["jobs"]["up"]["steps"]
+    apptainer_rows = [r for r in rows if r["target"] == "apptainer"]
+    assert {r["sif-builder"] for r in apptainer_rows} == {"envport", "apptainer"}, apptainer_rows
+    assert all(r["sif-builder"] == "" for r in rows if r["target"] != "apptainer")
+    for row in apptainer_rows:
+        body = "\n".join(s.get("run", "") for s in steps if _runs(s.get("if", ""), row))
+        argv = _up_argv(row, steps)
+        hosted = row["runner"] == ["ubuntu-24.04"]
+        assert (row["sif-builder"] == "envport") == hosted, row
+        assert ("add-apt-repository -y ppa:apptainer/ppa" in body) != hosted, row
+        assert ("charliecloud-runtime" in body) == hosted, row
+        if hosted:
+            assert argv[:6] == ["sudo", "env", "PATH=/usr/bin:/bin", "ENVPORT_STATE_DIR=/var/lib/envport-runner/state",
+                                "ENVPORT_SIF_DIR=/var/lib/envport-runner/sif", "ENVPORT_SIF_BUILDER=envport"], argv
+            assert argv[6:9] == ["envport", "up", row["env"]], argv
+        else:
+            assert argv[:3] == ["envport", "up", row["env"]], argv
+    docker_row = next(r for r in rows if r["target"] == "docker")
+    assert _up_argv(docker_row, steps)[:2] == ["envport", "up"]
+
+
+def test_no_conda_job_on_a_hosted_runner():
+    """Issue 38: a hosted runner's conda job is not played by the faithful runner (no conda channel where
+    envport is tested): not emitted, each named with its reason; a GPU spec's self-hosted conda row stays."""
+    data = yaml.safe_load((REPO / WORKFLOW).read_text())
+    rows = data["jobs"]["up"]["strategy"]["matrix"]["include"]
+    assert not [r["pair"] for r in rows if r["target"] == "conda" and r["runner"] == ["ubuntu-24.04"]]
+    assert [r for r in rows if r["target"] == "conda"], "no self-hosted conda row: the GPU specs lost theirs"
+    text = (REPO / WORKFLOW).read_text()
+    for name in all_spec_names(REPO):
+        ld = load_spec(name, REPO)
+        if ld.spec.resources.gpus == 0:
+            assert re.search(rf"# not emitted, REFUSED \[(unverified_job|lock_source)\]: {name}-conda: ", text), name
 
 
 def _runs(condition, row) -> bool:
@@ -186,3 +243,21 @@ def _runs(condition, row) -> bool:
         if not ok:
             return False
     return True
+
+
+def test_envport_sif_dir_moves_the_sif_and_keys_the_no_op_builds_memory(monkeypatch):
+    """The hosted apptainer job's root build keeps its SIF out of the runner user's checkout with
+    $ENVPORT_SIF_DIR: it overrides the profile's sif_dir as the profile is read (a site copy that names its
+    own folder, as rebuild-check's does, keeps it), and a no-op build under another one is asked afresh."""
+    from envport.builders.present_cache import inputs_digest
+
+    monkeypatch.delenv("ENVPORT_SIF_DIR", raising=False)
+    assert load_site("github", REPO).apptainer.sif_path(REPO) == REPO / ".cache" / "sif"
+    before = inputs_digest(str(REPO), "demo-cpu", "github", "apptainer")
+    monkeypatch.setenv("ENVPORT_SIF_DIR", "/var/lib/envport-runner/sif")
+    site = load_site("github", REPO)
+    assert site.apptainer.sif_path(REPO) == Path("/var/lib/envport-runner/sif")
+    assert load_site("local", REPO).apptainer.sif_path(REPO) == Path("/var/lib/envport-runner/sif")
+    copy = site.model_copy(update={"apptainer": site.apptainer.model_copy(update={"sif_dir": "/tmp/x"})})
+    assert copy.apptainer.sif_path(REPO) == Path("/tmp/x")
+    assert inputs_digest(str(REPO), "demo-cpu", "github", "apptainer") != before

@@ -6,7 +6,7 @@ every docker or apptainer build that ends OK or present, the content hash
 and where the env lives (the image tag, the SIF's path) are remembered under
 a digest of everything they could depend on: the bytes of every file in
 specs/ (locks included) and sites/, the site's CA bundle, envport's own code
-(templates included), the project root and the home directory (a SIF's
+(templates included), the project root, the home directory and $ENVPORT_SIF_DIR (a SIF's
 relative sif_dir or a `~` in it means them: a copied project never answers
 with the original's file; an image does not depend on them, and a copied
 project only asks the engine once more).  The code and the CA bundle enter by path, size, mtime and ctime:
@@ -77,6 +77,8 @@ def inputs_digest(root: str, name: str, site_name: str | None, target: str) -> s
     site = site_name or "local"
     h = _hasher(f"{name}\0{site}\0{target}\0".encode())
     h.update(os.path.abspath(root).encode() + b"\0" + os.path.expanduser("~").encode() + b"\0")
+    # $ENVPORT_SIF_DIR moves the SIF (plan/site.py): a run with another must never answer with this one's file.
+    h.update(os.environ.get("ENVPORT_SIF_DIR", "").encode() + b"\0")
     _tree(h, os.path.join(root, "specs"))
     _tree(h, os.path.join(root, "sites"))
     for d in _code_dirs():

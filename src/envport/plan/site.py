@@ -74,13 +74,15 @@ class SshHost(_Model):
 
 
 DEFAULT_SIF_DIR = ".cache/sif"
+SIF_DIR_ENV = "ENVPORT_SIF_DIR"
 
 
 class ApptainerDirs(_Model):
     cachedir: Optional[Line] = Field(default=None, description="APPTAINER_CACHEDIR for `apptainer build`")
     tmpdir: Optional[Line] = Field(default=None, description="APPTAINER_TMPDIR for `apptainer build`")
     sif_dir: Line = Field(default=DEFAULT_SIF_DIR, description="where <name>-<hash12>.sif files live "
-                         "(relative to the project root, or absolute)")
+                         "(relative to the project root, or absolute); $ENVPORT_SIF_DIR overrides it (a root "
+                         "build in a checkout another user owns: root mounts no SIF from that user's folder)")
     compression: Literal["gzip", "zstd", "xz", "lz4", "lzo", "lzma"] = Field(
         default="gzip", description="mksquashfs -comp for envport's .def builder (apptainer's default: gzip)")
     local_bootstrap: Literal["docker-daemon", "localimage"] = Field(
@@ -207,10 +209,11 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
     # lexists, not is_file: a directory, FIFO or unreadable file is reported by the reader, not as missing.
     if not os.path.lexists(path):
         if ref == DEFAULT_SITE:
-            return Site(name=DEFAULT_SITE)
+            return _sif_dir_from_env(Site(name=DEFAULT_SITE))
         raise EnvportError(f"site profile {path} not found; create it or pass --site local")
     raw = read_mapping(path, "site profile", "sites/local.yaml")
     site = validate(raw, raw.data, Site, str(path))
+    site = _sif_dir_from_env(site)
     site._source = str(path)
     _check_trust_keys(site, raw)
     # A token in a pip URL (https://user:TOKEN@host/simple) is a configured secret: never printed.
@@ -221,6 +224,14 @@ def load_site(name_or_path: str | None, root: Path) -> Site:
     _active["keys"] = tuple(dict.fromkeys((*_active["keys"], *site.trust_keys())))
     _active["require_witnessed"] = tuple(dict.fromkeys((*_active["require_witnessed"], *site.trust.require_witnessed)))
     return site
+
+
+def _sif_dir_from_env(site: Site) -> Site:
+    """$ENVPORT_SIF_DIR over the profile's apptainer.sif_dir, as the profile is read (so a copy of the site
+    that names its own folder, as rebuild-check's does, keeps it)."""
+    if not os.environ.get(SIF_DIR_ENV):
+        return site
+    return site.model_copy(update={"apptainer": site.apptainer.model_copy(update={"sif_dir": os.environ[SIF_DIR_ENV]})})
 
 
 def _check_trust_keys(site: Site, raw: RawSpec) -> None:

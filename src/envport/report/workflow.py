@@ -7,13 +7,18 @@ the pair, and the verify JUnit, the up JSON and the ledger uploaded. Jobs use
 the `github` site profile (sites/github.yaml: the runner pulls base images).
 A pair whose spec asks for GPUs (resources.gpus > 0) runs on a self-hosted
 runner labelled `[self-hosted, linux, gpu, gpus-N]` (N from the spec's
-resources.gpus). Apptainer jobs
-install apptainer the way its admin guide installs it on Ubuntu (the
-apptainer PPA). Steps run as the runner's user; only apt, sshd and debootstrap
-run under sudo (sudo's secure_path on GitHub's images would drop setup-python's
-bin/ and conda's). A spec whose lock pins a file the site's sources cannot serve
-(a `+cpu` torch with PyPI alone) has none of its pairs emitted: the file's header
-names each with the missing source, and `matrix --format github` exits 3. The
+resources.gpus). An apptainer job on a
+hosted runner builds with envport's own SIF builder (Ubuntu's squashfs-tools,
+bubblewrap, squashfuse, charliecloud-runtime; `envport up` under sudo: its
+%post runs as root, as apptainer's own root builds do), the job the project's
+faithful-runner test plays; on a self-hosted runner it installs apptainer the
+way its admin guide does on Ubuntu (the apptainer PPA). Other steps run as the
+runner's user; only apt, sshd, debootstrap and that SIF build run under sudo
+(sudo's secure_path on GitHub's images would drop setup-python's bin/ and
+conda's, so sudo is given this PATH). A spec whose lock pins a file the site's sources cannot serve
+(a `+cpu` torch with PyPI alone) has none of its pairs emitted, nor has a conda
+pair on a hosted runner (`unverified_job`: see _hosted_refusal): the file's
+header names each with why, and `matrix --format github` exits 3. The
 text (envs.yml.j2 beside this module) is a pure function of the specs and the
 site: the same bytes every run, which `envport render --all --check` compares.
 """
@@ -39,6 +44,16 @@ TEMPLATE = "envs.yml.j2"
 LOCK_SOURCE_REASON = "lock_source"
 # A pair on a site host the runner cannot reach as its own user (issue 38, U3).
 HOST_REASON = "unreachable_host"
+# A job kind on a hosted runner that the project's faithful-runner test cannot play (issue 38).
+UNVERIFIED_REASON = "unverified_job"
+# Which SIF builder an apptainer job uses (the row's `sif-builder`): envport's own on a hosted runner (its
+# packages are Ubuntu's, and the faithful-runner test plays that job), apptainer on a self-hosted one.
+OWN_SIF_BUILDER = "envport"
+APPTAINER_SIF_BUILDER = "apptainer"
+# Where envport's own SIF build (under sudo) keeps its state and its SIF on a hosted runner: folders of
+# root's, since root trusts no build record (state_dir_unsafe) and mounts no SIF (sif_unsafe) under a folder
+# another user owns, as the runner user owns the checkout; the state is copied to the job's for upload.
+ROOT_DIR = "/var/lib/envport-runner"
 
 
 def gpu_runner(gpus: int) -> list[str]:
@@ -60,8 +75,16 @@ def rows(loaded_specs: list, site) -> list[dict]:
         # A container target builds FROM the base image; a host target (venv, conda) runs on the runner itself.
         local_base = not target.hosts and base_of(loaded, site, up_target).image.startswith("envport/")
         out.append({"pair": p.key, "env": p.env, "target": up_target, "host": p.host or "",
-                    "local-base": local_base, "runner": gpu_runner(gpus) if gpus > 0 else [CPU_RUNNER]})
+                    "local-base": local_base, "sif-builder": sif_builder(up_target, gpus),
+                    "runner": gpu_runner(gpus) if gpus > 0 else [CPU_RUNNER]})
     return out
+
+
+def sif_builder(target: str, gpus: int) -> str:
+    """The row's `sif-builder` ("" for a target that builds no SIF)."""
+    if target != "apptainer":
+        return ""
+    return APPTAINER_SIF_BUILDER if gpus > 0 else OWN_SIF_BUILDER
 
 
 def _flow(value) -> str:
@@ -80,7 +103,7 @@ def refused(loaded_specs: list, site) -> list[RefusedPair]:
     """The pairs the workflow must not emit: a pair whose lock pins a file its build's pip sources cannot
     serve (report/lock_sources.py, read from the plan that build renders: a host build gets none of the
     site's sources) fails on the runner, so it is not written; nor is a pair on a site host the runner
-    cannot reach as its own user (`unreachable_host`)."""
+    cannot reach as its own user (`unreachable_host`), nor a hosted runner's conda job (`unverified_job`)."""
     from envport.plan.lock import current
     from envport.report.matrix import TARGETS, pairs
 
@@ -88,7 +111,8 @@ def refused(loaded_specs: list, site) -> list[RefusedPair]:
     for ld in sorted(loaded_specs, key=lambda ld: ld.spec.name):
         lock = current(ld) if site.lock else None
         for p in pairs([ld.spec.name], site, TARGETS):
-            why = (_lock_refusal(ld, lock, p, site) if lock is not None else None) or _host_refusal(p, site)
+            why = ((_lock_refusal(ld, lock, p, site) if lock is not None else None) or _host_refusal(p, site)
+                   or _hosted_refusal(p, ld.spec.resources.gpus))
             if why:
                 out.append(why)
     return out
@@ -125,6 +149,22 @@ def _host_refusal(pair, site) -> RefusedPair | None:
                        "(a self-hosted runner with its own ssh_config)")
 
 
+def _hosted_refusal(pair, gpus: int) -> RefusedPair | None:
+    """A conda pair on a hosted runner: its job would use the runner's own $CONDA and the channels that conda
+    reaches; the project's faithful-runner test (tests/test_workflow_run.py) plays every other job kind of
+    this workflow as a hosted runner runs it, but no conda channel is reachable where envport is tested, so
+    the workflow does not emit a job never seen to pass there. A GPU spec's conda pair runs on a self-hosted
+    runner (its admin's conda) and stays."""
+    from envport.targets.registry import row_target
+
+    if gpus > 0 or row_target(pair.target).name != "conda":
+        return None
+    return RefusedPair(pair.key, UNVERIFIED_REASON, "a conda job on a hosted ubuntu-24.04 runner (its own $CONDA "
+                       "and channels) is not played by envport's faithful-runner test, which every emitted "
+                       "hosted job passes; run this pair with `envport matrix --run` (or `--run --slurm CLUSTER`) "
+                       "on a host with conda, or on a self-hosted runner")
+
+
 def _template():
     # The renderers' environment (StrictUndefined, trim_blocks), reading the template beside this module;
     # values are {= =} so GitHub's own ${{ }} expressions pass through as they are.
@@ -141,7 +181,7 @@ def workflow_text(loaded_specs: list, site) -> str:
     dropped = {r.pair for r in skip}
     include = [", ".join(f"{k}: {_flow(v)}" for k, v in row.items())
                for row in rows(loaded_specs, site) if row["pair"] not in dropped]
-    return _template().render(site=site.name, python=PYTHON, rows=include, refused=skip,
+    return _template().render(site=site.name, python=PYTHON, rows=include, refused=skip, root_dir=ROOT_DIR,
                               local_base=RECIPES[LOCAL_BASE_RECIPE], local_base_recipe=LOCAL_BASE_RECIPE)
 
 
