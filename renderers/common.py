@@ -5,7 +5,9 @@ from __future__ import annotations
 import posixpath
 
 from envport.plan import Plan, PipStep, step_marker
-from envport.plan.steps import COMPILE_SITE_PACKAGES, CONTAINER_UV, UV_VERSION
+from envport.plan.steps import CONTAINER_UV, UV_VERSION
+
+from .bytecode import COMPILE_SITE_PACKAGES
 
 
 def title(step) -> str:
@@ -59,9 +61,7 @@ def context(plan: Plan, hash_: str) -> dict:
         "own_labels": own_labels(plan, hash_),
         # uv installs the pip phases when the site says so (PipStep.installer); never part of the env.
         "uses_uv": any(isinstance(s, PipStep) and s.installer == "uv" for s in steps),
-        # The venv's own pip, which uv installs before the phases, gets their bytecode mode.
-        "uv_seed_flags": next((" ".join(s.bytecode_args()) for s in steps if isinstance(s, PipStep)), ""),
-        "compile_py": COMPILE_SITE_PACKAGES,  # after a pip phase that compiles at build (compiles_after)
+        "compile_py": COMPILE_SITE_PACKAGES,  # after a phase that compiles at build (compiles_after)
         "uv_version": UV_VERSION,
         "uv_path": CONTAINER_UV,
         "tools_dir": posixpath.dirname(CONTAINER_UV),  # the context's tools/ (uv, seedpip.py), mounted

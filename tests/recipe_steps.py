@@ -14,6 +14,10 @@ import shlex
 import tempfile
 from pathlib import Path
 
+from envport.renderers.bytecode import COMPILE_SITE_PACKAGES
+
+# The line each recipe runs after a phase that compiles its bytecode at build.
+COMPILE_LINE = "python -c " + shlex.quote(COMPILE_SITE_PACKAGES)
 PIP_PREFIX = ["python", "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
 
 
@@ -113,7 +117,7 @@ def def_markers(text: str) -> list[str]:
         elif line.startswith("export ") and steps and steps[-1] in ("python", "env"):
             kind = "env" if not line.startswith(("export VIRTUAL_ENV=", "export PATH=")) else "python"
         elif steps and steps[-1] in ("system", "labels") or line.startswith("rm -rf /root/.cache/pip") \
-                or line.startswith("export ENVPORT_NAME=") or line.startswith("python -c 'import compileall"):
+                or line.startswith("export ENVPORT_NAME=") or line == COMPILE_LINE:
             continue  # the rest of an apt, pip (its bytecode compiled after it) or labels step
         else:
             kind = "run"

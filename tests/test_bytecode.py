@@ -1,7 +1,7 @@
 """A site's `bytecode` mode: when an env's .py files are compiled, at build or at their first import
-(unset: the installer's own default, pip at build, uv at the first import).  uv is told
-`--compile-bytecode` where it compiles; pip is always told `--no-compile` and, where the mode is build,
-the recipe compiles after it on every core.
+(unset: the installer's own default, pip at build, uv at the first import).  Neither installer compiles:
+pip is always told `--no-compile`, uv never `--compile-bytecode`; where the mode is build, the recipe
+compiles after the phase (renderers/bytecode.py).
 
 The recipes are checked as rendered for every target; real venv builds (pip and uv, local wheels made
 here, no network) show what each mode leaves in site-packages, and that a first import compiles what
@@ -11,6 +11,7 @@ the build left alone.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from envport.plan.site import Site
 from envport.recipe.identity import content_hash, resolve
 from envport.recipe.render import render_plan
+from envport.renderers.bytecode import COMPILE_SITE_PACKAGES
 from envport.spec.loader import load_spec
 from tests.support import PY, cli_env, fail_with, run_envport, write_site, write_spec
 from tests.tinywheels import local_phase, make_wheel
@@ -27,11 +29,11 @@ from tests.tinywheels import local_phase, make_wheel
 RECIPES = {"docker": ("docker", "Dockerfile"), "apptainer": ("apptainer", "tiny.def"),
            "venv": ("shell", "setup-venv.sh")}
 # (installer, the site's bytecode field) -> (the flag every install of a phase carries, whether the recipe
-# compiles after each phase: pip never compiles itself, envport compiles on every core after it).
+# compiles after each phase: no installer compiles itself, envport compiles after it).
 CASES = {("pip", None): ("--no-compile", True), ("pip", "build"): ("--no-compile", True),
          ("pip", "first-import"): ("--no-compile", False),
          ("uv", None): (None, False), ("uv", "first-import"): (None, False),
-         ("uv", "build"): ("--compile-bytecode", False)}
+         ("uv", "build"): (None, True)}
 OTHER_FLAGS = ("--no-compile", "--compile-bytecode")
 
 
@@ -70,7 +72,7 @@ def test_each_install_carries_only_the_flag_its_installer_needs(tiny, installer,
     for line in installs:
         for flag in OTHER_FLAGS:
             assert (flag in line) == (flag == want), f"{target}, {installer}/{bytecode}: {line}"
-    assert text.count("compileall.compile_dir(") == (1 if compiles_after else 0), text
+    assert text.count(shlex.quote(COMPILE_SITE_PACKAGES)) == (1 if compiles_after else 0), text
 
 
 def test_the_mode_is_in_the_hash_only_where_it_changes_the_env(tiny):

@@ -58,6 +58,25 @@ PROBE_DRIVER = textwrap.dedent("""
     print(json.dumps({"rc": rc, "text": text}))
 """)
 
+# Runs as the test user: the SBOM of IMAGE read from its whole exported filesystem, with the facts of the SBOM
+# file given (what `envport sbom --target podman` read before it streamed only the SBOM's files).
+WHOLE_EXPORT_SBOM = textwrap.dedent("""
+    import json, sys, tempfile
+    from datetime import datetime
+    from pathlib import Path
+    from envport.engines import podman
+    from envport.sif import sbom
+
+    doc = json.loads(Path(sys.argv[2]).read_text())
+    props = {p["name"]: p["value"] for p in doc["metadata"]["properties"]}
+    facts = sbom.EnvFacts(props["envport:name"], props["envport:hash"], props["envport:target"],
+                          lock=None if props["envport:lock"] == "none" else props["envport:lock"],
+                          created=datetime.fromisoformat(doc["metadata"]["timestamp"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        podman.export_rootfs(sys.argv[1], Path(tmp) / "whole")
+        print(sbom.make_sbom(Path(tmp) / "whole", facts)[0])
+""")
+
 
 def _user(name: str) -> pwd.struct_passwd:
     try:
@@ -313,7 +332,9 @@ def test_push_through_the_podman_target_to_the_ci_registry(tiny, registry):
 
 
 def test_sbom_through_the_podman_target(tiny):
-    """`envport sbom NAME --target podman`: the image's filesystem exported rootless, its packages listed."""
+    """`envport sbom NAME --target podman`: the image's export streamed rootless and only the files the SBOM
+    reads written (docker's streamed route, engines/docker.py export_files); its packages listed, and the same
+    SBOM as the whole exported filesystem gives (the route it replaced, run here as the same user)."""
     project, name, results, _ = tiny
     out = project / "sbom.cdx.json"
     proc = as_user(USER, "envport", "sbom", name, "--target", "podman", "-o", str(out), cwd=project)
@@ -324,6 +345,9 @@ def test_sbom_through_the_podman_target(tiny):
     props = {p["name"]: p["value"] for p in bom["metadata"]["properties"]}
     assert props["envport:target"] == "podman" and props["envport:hash"][:12] == \
         results[-1]["data"]["image"].rsplit(":", 1)[1]
+    whole = as_user(USER, "python", "-c", WHOLE_EXPORT_SBOM, results[-1]["data"]["image"], str(out), cwd=project)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert json.loads(whole.stdout) == bom
 
 
 def test_parity_as_root_skips_a_podman_that_answers_but_cannot_start(tmp_path):

@@ -335,3 +335,71 @@ def test_an_unbuilt_env_is_refused_with_the_build_command(small_project, tmp_pat
     assert proc.returncode == 3, fail_with(proc, "sbom of an unbuilt env")
     assert f"[{reason}]" in proc.stderr and f"envport build tiny-unbuilt-sbom --target {target}" in proc.stderr
     assert proc.stdout == ""
+
+
+# --- a SIF's SBOM where its partition is extracted, not mounted (no FUSE, not root) -------------------
+
+
+def test_unsquashfs_extracts_every_file_the_reader_reads_and_only_those(tmp_path: Path):
+    """`extract_patterns` given to unsquashfs (as sif/run.py `_extract` gives them) extract a tree whose SBOM is
+    the whole tree's: hidden `.x.dist-info` folders too (unsquashfs' `*` does not match a leading '.'), and an
+    os-release that is a symlink; no other file of a package comes with them."""
+    from datetime import datetime, timezone
+
+    for tool in ("mksquashfs", "unsquashfs"):
+        if shutil.which(tool) is None:
+            missing(f"no {tool} (apt-get install squashfs-tools)")
+    full = tmp_path / "full"
+    (full / "var/lib/dpkg").mkdir(parents=True)
+    (full / "var/lib/dpkg/status").write_text(STATUS)
+    (full / "var/lib/dpkg/available").write_text(STATUS)
+    (full / "usr/lib").mkdir(parents=True)
+    (full / "usr/lib/os-release").write_text('ID=debian\nVERSION_ID="12"\n')
+    (full / "etc").mkdir()
+    os.symlink("../usr/lib/os-release", full / "etc/os-release")
+    venv = full / "opt/envport/venv"
+    site = venv / "lib/python3.11/site-packages"
+    for dirname, name in (("six-1.16.0.dist-info", "six"), (".hidden-1.0.dist-info", "hidden"),
+                          (".dist-info", "dotted"), ("sp ace-1.0.dist-info", "spaced")):
+        _dist(site, dirname, name, "1.0" if name != "six" else "1.16.0")
+        (site / dirname / "RECORD").write_text("x,,\n")
+    (site / "six.py").write_text("# six\n")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    image = tmp_path / "image.sqfs"
+    subprocess.run(["mksquashfs", str(full), str(image), "-quiet", "-noappend", "-no-xattrs"], check=True,
+                   capture_output=True, timeout=120)
+    out = tmp_path / "out"
+    subprocess.run(["unsquashfs", "-q", "-n", "-no-xattrs", "-d", str(out), str(image), *sbom.extract_patterns()],
+                   check=True, capture_output=True, timeout=120)
+    facts = sbom.EnvFacts("tiny", "ab" * 32, "apptainer", created=datetime(2024, 1, 1, tzinfo=timezone.utc))
+    assert sbom.make_sbom(out, facts) == sbom.make_sbom(full, facts)
+    assert {p.name for p in sbom.read_tree(out)} >= {"six", "hidden", "dotted", "spaced"}
+    got = sorted(str(p.relative_to(out)) for p in out.rglob("*") if not p.is_dir())
+    assert got == sorted(["etc/os-release", "usr/lib/os-release", "var/lib/dpkg/status", "opt/envport/venv/pyvenv.cfg",
+                          *(f"opt/envport/venv/lib/python3.11/site-packages/{d}/METADATA"
+                            for d in ("six-1.16.0.dist-info", ".hidden-1.0.dist-info", ".dist-info",
+                                      "sp ace-1.0.dist-info"))])
+
+
+def test_an_extracted_sif_gives_the_mounted_ones_sbom_from_a_fraction_of_its_bytes(small_sif, tmp_path: Path):
+    """The route of a user without FUSE (sif/run.py `_extract` with the SBOM's patterns, from the open
+    descriptor) against the mounted partition (root's or squashfuse's route): the same SBOM, byte for byte,
+    from only the files the reader opens."""
+    from envport.sif.format import primary_partition, read_sif
+    from envport.sif.gate import gate
+    from envport.sif.handle import SifFile
+    from envport.sif.run import _extract
+
+    info = read_sif(small_sif.path)
+    facts = sbom.sif_facts(info)
+    mounted_text, packages = sbom.sif_sbom(gate(small_sif.path), facts)
+    part = primary_partition(info)
+    dest = tmp_path / "rootfs"
+    dest.mkdir()
+    with SifFile.open(small_sif.path) as sif:
+        _extract(sif, part.offset, part.size, dest, sbom.extract_patterns())
+    assert sbom.make_sbom(dest, facts)[0] == mounted_text and len(packages) > 50
+    files = [p for p in dest.rglob("*") if not p.is_dir()]
+    keep = sbom.needed()
+    assert [str(p.relative_to(dest)) for p in files if not keep(str(p.relative_to(dest)))] == []
+    assert sum(p.lstat().st_size for p in files) < part.size // 20

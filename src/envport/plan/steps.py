@@ -29,11 +29,6 @@ INSTALLERS = ("pip", "uv")
 # removed (.def) at CONTAINER_UV, or installed once per host beside the envs (shell scripts).
 UV_VERSION = "0.13.9"
 CONTAINER_UV = "/opt/envport-tools/uv"
-# What a recipe runs after a pip phase whose bytecode is compiled at build.  pip itself compiles one
-# file after another (for torch, most of a cold install); this compiles the same files on every core,
-# skips what an earlier phase already compiled, and, as pip does, lets a file that does not compile go.
-COMPILE_SITE_PACKAGES = ("import compileall, sysconfig; "
-                         "compileall.compile_dir(sysconfig.get_path(\"purelib\"), quiet=2, workers=0)")
 
 
 @dataclass(frozen=True)
@@ -147,12 +142,11 @@ class PipStep:
         return ["--index-strategy", "unsafe-best-match"] + [spelled.get(a, a) for a in self.pip_args(requirements)]
 
     def bytecode_args(self) -> list[str]:
-        """The installer's flag for this phase's bytecode mode.  uv compiles on every core when asked;
-        pip never compiles itself: where the mode is build, the recipe compiles after it
-        (`compiles_after`, COMPILE_SITE_PACKAGES)."""
-        if self.installer == "uv":
-            return ["--compile-bytecode"] if self.bytecode == "build" else []
-        return ["--no-compile"]
+        """The installer's bytecode flag: neither compiles itself.  pip would compile one file after
+        another (--no-compile); uv compiles only when asked, and is not: its pool hands each file to
+        whichever worker is free, so a file's bytes can follow that worker's history.  Where the mode is
+        build, the recipe compiles after either (`compiles_after`, renderers/bytecode.py)."""
+        return ["--no-compile"] if self.installer == "pip" else []
 
     def install_args(self, requirements: str | None = None) -> list[str]:
         """What every recipe writes after `pip install` (or `uv pip install --python PY`) for this phase:
@@ -162,7 +156,7 @@ class PipStep:
 
     @property
     def compiles_after(self) -> bool:
-        return self.installer == "pip" and self.bytecode == "build"
+        return self.bytecode == "build"
 
     def source_args(self) -> list[str]:
         """Where the spec says this phase's distributions come from."""

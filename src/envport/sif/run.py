@@ -214,30 +214,33 @@ def mount_kind() -> str:
     return "squashfuse"
 
 
-def mounted_own_build(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None):
+def mounted_own_build(sif: Path, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None,
+                      only: Sequence[str] = ()):
     """`mounted` for the partial this process's build has just written, under a hidden name, not yet signed
     (builders/apptainer/binary.py reads its SBOM): the trust gate, which is for SIFs from elsewhere, is not
     asked (under trust.require_signed it would refuse every build)."""
     info = read_sif(sif)
-    return _mounted(info.file, primary_partition(info), prefix, parent)
+    return _mounted(info.file, primary_partition(info), prefix, parent, only)
 
 
-def mounted(gated: Gated, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None):
+def mounted(gated: Gated, prefix: str = MOUNT_PREFIX, parent: Optional[str] = None, only: Sequence[str] = ()):
     """GATED's partition mounted `ro,nosuid,nodev` at `rootfs` in a fresh 0700 directory of this user
     (PREFIX + random, in PARENT or the temp dir) for the duration (`mount_kind`; squashfuse where the kernel's
     mount fails, e.g. no loop device); unmounted and both removed afterwards, whatever happened (MountError
-    when no mount works).  The bytes mounted are the open file's, at the judged offset and size."""
-    return _mounted(gated.file, gated.partition, prefix, parent)
+    when no mount works).  The bytes mounted are the open file's, at the judged offset and size.
+    ONLY (unsquashfs patterns): a caller that opens just these paths; where the partition is extracted
+    rather than mounted, only they are (a mount reads what is opened, whatever ONLY says)."""
+    return _mounted(gated.file, gated.partition, prefix, parent, only)
 
 
 @contextlib.contextmanager
-def _mounted(sif: SifFile, part, prefix: str, parent: Optional[str]) -> Iterator[Path]:
+def _mounted(sif: SifFile, part, prefix: str, parent: Optional[str], only: Sequence[str] = ()) -> Iterator[Path]:
     holder, kind, failed, mnt = None, "", [], None
     try:
         for kind in access_kinds():
             mnt = _private_mountpoint(prefix, parent)  # a fresh one per try: a failed holder removes its own
             try:
-                holder = _extract(sif, part.offset, part.size, mnt) if kind == EXTRACT else \
+                holder = _extract(sif, part.offset, part.size, mnt, only) if kind == EXTRACT else \
                     _hold(kind, sif, part.offset, part.size, mnt)
                 break
             except MountError as exc:
@@ -285,10 +288,13 @@ def reached_as(mnt: Path) -> str:
     return f"{'mounted at' if is_mounted(mnt) else 'extracted to'} {mnt}"
 
 
-def _extract(sif: SifFile, offset: int, size: int, dest: Path) -> None:
+def _extract(sif: SifFile, offset: int, size: int, dest: Path, only: Sequence[str] = ()) -> None:
     """The squashfs at OFFSET (SIZE bytes, as the table was judged) of the open SIF extracted into DEST (the
     empty private mount point) by unsquashfs reading the descriptor, never the name. MountError with its words.
-    Its superblock must end inside the partition: unsquashfs bounds its reads by it, not by the table."""
+    Its superblock must end inside the partition: unsquashfs bounds its reads by it, not by the table.
+    ONLY: just the paths matching these unsquashfs extract patterns (each '/'-separated component a shell
+    wildcard, a leading '.' matched only by a '.'), with the folders leading to them: what the SBOM reads
+    (sif/sbom.py `extract_patterns`), not the whole partition."""
     tool = shutil.which("unsquashfs")
     if tool is None:
         raise MountError("unsquashfs not found (apt-get install squashfs-tools)")
@@ -298,9 +304,10 @@ def _extract(sif: SifFile, offset: int, size: int, dest: Path) -> None:
     used = SQUASHFS_SUPERBLOCK.unpack(head)[0]
     if used > size:
         raise MountError(f"{sif.path}: the squashfs says it is {used} bytes, more than its partition ({size})")
-    print(f"envport: no FUSE mount for this user: extracting {human_size(size)} of {sif.path} into {dest} "
+    what = f"the files it reads (not all {human_size(size)})" if only else human_size(size)
+    print(f"envport: no FUSE mount for this user: extracting {what} of {sif.path} into {dest} "
           "(unsquashfs; removed afterwards)", file=sys.stderr, flush=True)
-    ran = run([tool, "-o", str(offset), "-d", str(dest), "-f", "-no-xattrs", "-n", sif.child_path],
+    ran = run([tool, "-o", str(offset), "-d", str(dest), "-f", "-no-xattrs", "-n", sif.child_path, *only],
               timeout=EXTRACT_TIMEOUT_S, pass_fds=sif.pass_fds, errors="replace")
     # Exit 2: non-fatal errors only (a device node an unprivileged user cannot make: never used in the image).
     if ran.returncode not in (0, 2):

@@ -259,6 +259,19 @@ def read_patterns(venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> tuple[str
     return (*fixed, *(f"{site}/*.dist-info/METADATA" for site in sites))
 
 
+def extract_patterns(venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> tuple[str, ...]:
+    """read_patterns as unsquashfs extract patterns (`sif_sbom` where the partition is extracted, not mounted).
+    unsquashfs matches each component as a shell wildcard in which a leading '.' must be matched by a '.', so
+    `*.dist-info` would leave out a `.x.dist-info` folder the reader lists: each such pattern comes with
+    its dotted twins (`.*.dist-info`, and `.dist-info` itself)."""
+    out = []
+    for pattern in read_patterns(venv):
+        out.append(pattern)
+        if "/*.dist-info/" in pattern:
+            out += [pattern.replace("/*.dist-info/", "/.*.dist-info/"), pattern.replace("/*.dist-info/", "/.dist-info/")]
+    return tuple(out)
+
+
 def needed(venv: Optional[tuple[str, ...]] = CONTAINER_VENV) -> Callable[[str], bool]:
     """Whether read_tree may open a path (relative, '/'-separated, as a tar member names it): read_patterns."""
     import fnmatch
@@ -413,10 +426,12 @@ def sif_sbom(source, facts: EnvFacts, fmt: str = "cyclonedx") -> tuple[str, list
     (sif/gate.py: `envport sbom FILE.sif`, its partition mounted from the open file the gate judged), or the
     Path of a build's own partial (sif/run.py `mounted_own_build`: the apptainer-binary build route,
     builders/apptainer/binary.py).  SifError when it is no usable SIF, MountError when its partition cannot
-    be mounted here (`mount_fix`)."""
+    be mounted here (`mount_fix`).  Where it is extracted instead (no FUSE for this user, not root: sif/run.py),
+    only the files read_tree opens are (`extract_patterns`), from the same open descriptor."""
     from envport.sif.run import mounted, mounted_own_build
 
-    with (mounted_own_build(source) if isinstance(source, Path) else mounted(source)) as tree:
+    only = extract_patterns(CONTAINER_VENV)
+    with (mounted_own_build(source, only=only) if isinstance(source, Path) else mounted(source, only=only)) as tree:
         return make_sbom(tree, facts, CONTAINER_VENV, fmt)
 
 

@@ -198,8 +198,7 @@ class Podman(Target):
                                 "image_missing", f"envport build {req.loaded.spec.name} --target podman"), None
         created = datetime.fromisoformat(img["created"][:19] + "+00:00") if img["created"] else None
         facts = sbom.facts_of(req.loaded, req.identity, self.name, req.lock, created)
-        return sbom.from_image(step, req.identity, lambda tag, dest: _engine().export_rootfs(tag, dest), facts,
-                               req.fmt)
+        return sbom.from_image(step, req.identity, _engine().podman(), _engine().cli_env(), facts, req.fmt)
 
     def probe(self, run, where, names, site=None, host=None):
         return run([_engine().podman(), "run", "--rm", "-i", "--network", "none", where, "python3", "-", *names])

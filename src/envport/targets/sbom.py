@@ -1,5 +1,6 @@
 """What `envport sbom NAME` reads for each target that has one: a SIF's partition, a docker image's files
-(only those the SBOM reads: sif/sbom.py image_sbom), a podman image's exported filesystem, a venv in place.  Moved from commands/sbom.py: each target's `sbom()` calls one of these.
+(only those the SBOM reads: sif/sbom.py image_sbom), a podman image's (its export streamed, only those files
+written: from_image), a venv in place.  Moved from commands/sbom.py: each target's `sbom()` calls one of these.
 """
 
 from __future__ import annotations
@@ -130,20 +131,25 @@ def facts_of(loaded, identity, target: str, lock, created):
     return sbom.EnvFacts(loaded.spec.name, identity.hash, target, lock=lock, created=created)
 
 
-def from_image(step: str, identity, export_rootfs, facts, fmt: str):
-    """The SBOM of the image IDENTITY.image_tag, its filesystem exported by EXPORT_ROOTFS(tag, dest) to a
-    private tmp dir (the container is never started)."""
+def from_image(step: str, identity, client: str, env: dict, facts, fmt: str):
+    """The SBOM of the image IDENTITY.image_tag at the cost of what it reads: `CLIENT export` of a container
+    created and never started (CLIENT podman or docker, ENV its environment) streamed, and only the files the
+    SBOM reads written to a private tmp dir (engines/docker.py export_files: docker's streamed route, `needed`).
+    The same SBOM as of the whole exported filesystem."""
     import tempfile
 
-    from envport.engines.docker import ExportError
+    from envport.engines.docker import ExportError, export_files
+    from envport.sif import sbom
 
     with tempfile.TemporaryDirectory(prefix="envport-sbom-") as tmp:
+        tree = Path(tmp) / "rootfs"
+        tree.mkdir()
         try:
-            export_rootfs(identity.image_tag, Path(tmp) / "rootfs")
+            export_files(identity.image_tag, tree, sbom.needed(sbom.CONTAINER_VENV), docker=client, env=env)
         except ExportError as exc:
             from envport.core.verdict import StepResult, Verdict
             return StepResult(step, Verdict.FAILED, str(exc)), None
-        return _written(step, Path(tmp) / "rootfs", facts, fmt)
+        return _written(step, tree, facts, fmt)
 
 
 def from_built_sif(req, sif_path: Path):

@@ -10,6 +10,7 @@ from typing import Optional
 from envport.porting.report import DROPPED
 from envport.porting.shell.context import Outcome, ShellContext
 from envport.porting.shell.python import PYTHON_CMD
+from envport.renderers.bytecode import COMPILE_SITE_PACKAGES
 
 CLEANUP = re.compile(r"^(/var/lib/apt/lists(/\*)?|/var/cache/apt(/\*)?|/var/cache/apt/archives(/\*)?|"
                      r"(/root|~|\$HOME)/\.cache/pip(/\*)?|/tmp/envport-wheelhouse|/var/cache/(yum|dnf|apk)(/\*)?)/?$")
@@ -32,10 +33,11 @@ def housekeeping_family(words, seg, line, ctx) -> Optional[Outcome]:
 
 
 def _compiles_bytecode(words: list[str]) -> bool:
-    """`python -m compileall ...`, or a `python -c` program that calls compileall."""
+    """`python -m compileall ...`, a `python -c` program that calls compileall, or envport's own step."""
     if not PYTHON_CMD.match(posixpath.basename(words[0])) or len(words) < 3:
         return False
-    return words[1:3] == ["-m", "compileall"] or (words[1] == "-c" and "compileall.compile_" in words[2])
+    return words[1:3] == ["-m", "compileall"] or (words[1] == "-c" and ("compileall.compile_" in words[2]
+                                                                        or words[2] == COMPILE_SITE_PACKAGES))
 
 
 def rendered_noise(words: list[str], step: Optional[str], ctx: ShellContext) -> bool:
