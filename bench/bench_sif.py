@@ -30,7 +30,11 @@
     edit re-locked would move other phases' pins: the lock's own issue, not the cache's): a cold build
     into an empty phase cache; the spec's last pip phase edited (its first package's pin moved) and
     built through that cache (goal: <= 0.3 of cold); the spec restored and built again from nothing
-    (the SIF removed, the cache off): the two builds from nothing must have the same sha256.  Before
+    (the SIF removed, the cache off): the two builds from nothing must have the same sha256.  All three
+    on the local site with --compression (default gzip: envport's own squashfs writer, which reuses the
+    compressed blocks of unchanged files; another compressor goes through mksquashfs, which compresses
+    the whole tree on every build); where the edited build's time went, step by step, and the partition's
+    size beside part (d)'s mksquashfs gzip (with fragments) of the same tree.  Before
     this work, two builds of one spec differed in the header (UUID, times), inspect-metadata.json and
     envport-spec.json, the SBOM and the partition (every mtime, labels.json, every .pyc): BEFORE.
 
@@ -108,7 +112,7 @@ def bench_build(spec: str, root: Path) -> dict:
     """(a) and (d): the build with its phases, then bare mksquashfs gzip and zstd of the same rootfs."""
     _, last = built(spec, "apptainer", root, rebuild=True)
     timings, sif = last["data"]["timings"], Path(last["data"]["sif"])
-    own = last["seconds"] - timings["bootstrap"] - timings["post"] - timings["mksquashfs"]
+    own = last["seconds"] - timings["bootstrap"] - timings["post"] - timings["squashfs"]
     shm = Path("/dev/shm") if shutil.disk_usage("/dev/shm").free > 8 << 30 else root
     rootfs = Path(tempfile.mkdtemp(prefix="envport-bench-rootfs-", dir=shm)) / "r"
     from envport.sif.gate import gate
@@ -141,20 +145,37 @@ def _edit_last_phase(spec_file: Path) -> str:
     return packages[0]
 
 
-def _timed_build(spec: str, root: Path, env: dict) -> dict:
-    seconds, proc = envport("build", spec, "--target", "apptainer", "--json", "--rebuild", "--no-lock", root=root,
-                            env=env)
+def _timed_build(spec: str, root: Path, env: dict, site: str) -> dict:
+    seconds, proc = envport("build", spec, "--target", "apptainer", "--json", "--rebuild", "--no-lock", "--site",
+                            site, root=root, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"envport build {spec} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     last = json.loads(proc.stdout)["steps"][-1]
     from envport.plan.lock import sha256_file
 
+    from envport.sif.gate import gate
+
     return {"s": round(seconds, 2), "timings": last["data"]["timings"], "sha256": sha256_file(last["data"]["sif"]),
-            "sif": last["data"]["sif"]}
+            "sif": last["data"]["sif"], "squashfs": last["data"].get("squashfs", {}),
+            "partition_bytes": gate(Path(last["data"]["sif"])).partition.size}
 
 
-def bench_rebuild(spec: str, root: Path) -> dict:
-    """(g): cold into an empty cache, the last phase edited through it, cold again from nothing."""
+def _site_with(root: Path, compression: str) -> str:
+    """A site of ROOT's project: the local one, its SIFs squashed with COMPRESSION; its --site name."""
+    import yaml
+
+    data = yaml.safe_load((root / "sites" / "local.yaml").read_text())
+    name = f"bench-squash-{compression}"
+    data.update(name=name, apptainer={**data.get("apptainer", {}), "compression": compression})
+    (root / "sites" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return name
+
+
+def bench_rebuild(spec: str, root: Path, compression: str) -> dict:
+    """(g): cold into an empty cache, the last phase edited through it, cold again from nothing; the local
+    site with COMPRESSION (gzip: envport's own writer, which reuses the blocks of unchanged files; any other
+    goes through mksquashfs, which compresses the whole tree on every build)."""
+    site = _site_with(root, compression)
     wheels = root / ".cache" / "wheelhouse"
     if wheels.is_symlink():  # the edit downloads a wheel: into the bench's own copy, never the checkout's
         target = wheels.resolve()
@@ -164,19 +185,22 @@ def bench_rebuild(spec: str, root: Path) -> dict:
     original = spec_file.read_text()
     with tempfile.TemporaryDirectory(prefix="envport-bench-cache-", dir="/dev/shm") as cache:
         env = {"ENVPORT_SIF_PHASE_CACHE": cache, "ENVPORT_SIF_PHASE_CACHE_MAX": "64G"}
-        cold = _timed_build(spec, root, env)
+        cold = _timed_build(spec, root, env, site)
         edit = _edit_last_phase(spec_file)
-        edited = _timed_build(spec, root, env)
+        edited = _timed_build(spec, root, env, site)
     spec_file.write_text(original)
     kept = root / "cold.sif"
     os.replace(cold["sif"], kept)  # the next build writes the same name: from nothing, the cache off
-    again = _timed_build(spec, root, {"ENVPORT_SIF_PHASE_CACHE": "off"})
+    again = _timed_build(spec, root, {"ENVPORT_SIF_PHASE_CACHE": "off"}, site)
     from envport.sif.compare import compare_sifs
 
     differs = [] if again["sha256"] == cold["sha256"] else list(compare_sifs(kept, again["sif"]).objects)
     kept.unlink()
-    return {"rebuild": {"cold_s": cold["s"], "cold_timings": cold["timings"], "edit": edit,
+    return {"rebuild": {"compression": compression, "cold_s": cold["s"], "cold_timings": cold["timings"],
+                        "edit": edit,
                         "edited_s": edited["s"], "edited_timings": edited["timings"],
+                        "cold_squashfs": cold["squashfs"], "edited_squashfs": edited["squashfs"],
+                        "partition_MiB": round(cold["partition_bytes"] / 2**20, 1),
                         "edit_over_cold": round(edited["s"] / cold["s"], 3),
                         "cold_again_s": again["s"], "edit_over_cold_again": round(edited["s"] / again["s"], 3),
                         "cold_sha256": cold["sha256"], "cold_again_sha256": again["sha256"],
@@ -264,7 +288,8 @@ def report(out: dict, parts: list[str]) -> None:
     if "build" in parts:
         b, c = out["build"], out["compression"]
         print(f"(a) SIF build {b['total_s']:.1f}s: bootstrap {b['bootstrap']:.1f}s, %post {b['post']:.1f}s, "
-              f"mksquashfs {b['mksquashfs']:.1f}s, envport's own assembly {b['envport_assembly_s']:.1f}s; "
+              f"squashfs {b.get('squashfs', b.get('mksquashfs', 0)):.1f}s, envport's own assembly "
+              f"{b['envport_assembly_s']:.1f}s; "
               f"bare mksquashfs of the same rootfs {b['bare_mksquashfs_gzip_s']:.1f}s: assembly adds "
               f"{100 * b['assembly_over_mksquashfs']:.1f} % (goal <= 10 %)")
     if "present" in parts:
@@ -295,13 +320,20 @@ def report(out: dict, parts: list[str]) -> None:
               f"{r['push_vs_curl']:.2f}x, pull {r['pull_vs_curl']:.2f}x)")
     if "rebuild" in parts:
         r = out["rebuild"]
-        print(f"(g) cold SIF build {r['cold_s']:.1f}s into an empty phase cache; last phase edited ({r['edit']}) "
-              f"through it {r['edited_s']:.1f}s: {r['edit_over_cold']:.2f} of cold (goal <= 0.3; mksquashfs "
-              f"{r['edited_timings'].get('mksquashfs', 0):.1f}s of it, restored step "
-              f"{r['edited_timings'].get('restored_step')}); cold again from nothing (cache off) "
+        squashed = r.get("edited_squashfs", {})
+        print(f"(g) [{r.get('compression', '?')}] cold SIF build {r['cold_s']:.1f}s into an empty phase cache (squashfs "
+              f"{r['cold_timings'].get('squashfs', 0):.1f}s); last phase edited ({r['edit']}) through it "
+              f"{r['edited_s']:.1f}s: {r['edit_over_cold']:.2f} of cold (goal <= 0.3; where it went: "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(r['edited_timings'].items()))}; squashfs blocks "
+              f"{squashed.get('blocks_compressed')} compressed, {squashed.get('blocks_reused')} reused); cold again "
+              f"from nothing (cache off) "
               f"{r['cold_again_s']:.1f}s ({r['edit_over_cold_again']:.2f}); two builds from nothing: sha256 "
               f"{'equal' if r['same_sha256'] else 'DIFFERENT'} ({r['cold_sha256'][:16]}..., "
               f"{r['cold_again_sha256'][:16]}...); before this work they differed in: {r['before']}")
+        gzip = out.get("compression", {}).get("gzip", {}).get("MiB")
+        print(f"(g) the partition (envport's writer, no fragments) {r['partition_MiB']:.1f} MiB"
+              + (f"; mksquashfs -comp gzip with fragments, part (d): {gzip:.1f} MiB "
+                 f"({100 * (r['partition_MiB'] / gzip - 1):+.1f} %)" if gzip else ""))
     if "build" in parts:
         c = out["compression"]
         print(f"(d) gzip {c['gzip']['s']:.1f}s {c['gzip']['MiB']:.0f} MiB; zstd {c['zstd']['s']:.1f}s "
@@ -317,6 +349,8 @@ def main() -> int:
     ap.add_argument("--sif", default=None, help="witness: this SIF (default: the spec's, built where absent)")
     ap.add_argument("--image", default=None, help="witness: this docker image (default: the spec's, built where absent)")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "sif.json"))
+    ap.add_argument("--compression", default="gzip", help="rebuild: the SIFs' squashfs compressor (default gzip: "
+                    "envport's own writer; the local site's zstd goes through mksquashfs)")
     args = ap.parse_args()
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
@@ -347,7 +381,7 @@ def main() -> int:
         if "registry" in parts:
             out["registry"] = bench_script("bench_registry.py", args.spec, root, "--runs", str(args.repeat))
         if "rebuild" in parts:
-            out.update(bench_rebuild(args.spec, root))
+            out.update(bench_rebuild(args.spec, root, args.compression))
     report(out, parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")

@@ -9,8 +9,10 @@
    laid down (singularity_d.prepare_rootfs), `%files` copied and `%post` run
    under `/bin/sh -ex` in a bwrap sandbox that dies with envport
    (post_runner.py), the metadata written after %post (finish_rootfs),
-   mksquashfs with apptainer's defaults (`-noappend -comp gzip`, the site may
-   choose another compressor), and the SIF assembled (engines/sif.write_sif):
+   the squashfs written by envport's own writer (sif/squashfs_writer.py: gzip as
+   apptainer's default, no fragments, the blocks of files an earlier build
+   compressed reused from the phase cache's packs, sif/squash_blocks.py), or by
+   mksquashfs for another compressor a site chooses, and the SIF assembled (engines/sif.write_sif):
    Def.FILE, JSON.Generic `inspect-metadata.json` read back from the finished
    tree, JSON.Generic `envport-spec.json` (the resolved spec, so `envport
    inspect` can diff it), the primary squashfs partition, and the SBOM object
@@ -59,7 +61,9 @@ from envport.sif.format import SPEC_OBJECT, SifError, host_arch, read_json_objec
 from envport.plan.site import Site
 from envport.recipe.identity import resolve
 from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
+from envport.sif import squashfs_writer
 from envport.sif.sbom import embed_sbom
+from envport.sif.squash_blocks import BlockStore, write_pack
 from envport.spec.loader import Loaded
 
 TARGET = "apptainer"
@@ -163,6 +167,7 @@ class SifBuild:
         self.progress = progress
         self.step = f"sif {sif.name}"
         self.timings: dict[str, float] = {}
+        self.squashed: dict = {}  # the squashfs writer's counts, for the step's data
         try:
             self.created, self.created_from = source_date(resolved.hash)
         except SifError as exc:
@@ -212,6 +217,8 @@ class SifBuild:
         result.seconds = time.monotonic() - start
         if result.verdict.ok:
             result.data["timings"] = {k: round(v, 3) for k, v in self.timings.items()}
+            if self.squashed:
+                result.data["squashfs"] = self.squashed
             result.data["work_dir"] = str(work.parent)
         return results + [result]
 
@@ -459,19 +466,9 @@ class SifBuild:
                      "(apptainer and ch-run never honour them; a mount without nosuid would)")
         squashfs = work / "rootfs.sqfs"
         comp = self.site.apptainer.compression
-        self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)})")
-        t = time.monotonic()
-        from envport.builders.apptainer.squash_progress import run_mksquashfs
-
-        # Every time in the image is the build's (-all-time: files, -mkfs-time: the superblock), so the same
-        # tree gives the same bytes; mksquashfs >= 4.4 orders everything else reproducibly by default.
-        code, out = run_mksquashfs(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
-                                    "-all-time", str(self.created), "-mkfs-time", str(self.created),
-                                    "-progress", "-quiet"], self.say)
-        self.timings["mksquashfs"] = time.monotonic() - t
-        if code != 0:
-            return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
-                              lines=tail(out))
+        failed = self._squash(rootfs, squashfs, comp)
+        if failed is not None:
+            return failed
         t = time.monotonic()
         from envport.sif import content as sif_content
         from envport.sif import record as sif_record
@@ -498,11 +495,71 @@ class SifBuild:
                                 "setid_cleared": cleared, "devices_removed": removed, "sbom_components": packages,
                                 "ignored_labels": list(finished.ignored_labels)})
 
+    def _squash(self, rootfs: Path, squashfs: Path, comp: str) -> Optional[StepResult]:
+        """ROOTFS as the squashfs SQUASHFS: envport's writer for gzip (blocks of files an earlier build
+        compressed are reused), mksquashfs for a compressor the writer does not write; a FAILED result or None."""
+        t = time.monotonic()
+        if comp != squashfs_writer.COMPRESSOR:
+            self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)}; envport's own writer, which "
+                     f"reuses unchanged files' blocks, writes {squashfs_writer.COMPRESSOR} only)")
+            from envport.builders.apptainer.squash_progress import run_mksquashfs
+
+            # Every time in the image is the build's (-all-time: files, -mkfs-time: the superblock), so the
+            # same tree gives the same bytes; mksquashfs >= 4.4 orders everything else reproducibly by default.
+            code, out = run_mksquashfs(["mksquashfs", str(rootfs), str(squashfs), "-noappend", "-comp", comp,
+                                        "-all-time", str(self.created), "-mkfs-time", str(self.created),
+                                        "-progress", "-quiet"], self.say)
+            self.timings["squashfs"] = time.monotonic() - t
+            if code != 0:
+                return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
+                                  lines=tail(out))
+            return None
+        cache, store = self._block_store()
+        self.say(f"squashfs: envport's writer, gzip, no fragments ({_tree_size(rootfs)}; "
+                 f"{len(store.index) if store else 0} files' blocks kept by earlier builds)")
+        try:
+            result = squashfs_writer.write_image(rootfs, squashfs, mtime=self.created, mkfs_time=self.created,
+                                                 store=store, say=self.say)
+        except (squashfs_writer.WriterError, OSError) as exc:
+            return StepResult(self.step, Verdict.FAILED, f"the squashfs of {rootfs} could not be written: {exc}; "
+                              "no SIF was written")
+        finally:
+            if store is not None:
+                store.close()
+        self.timings["squashfs"] = time.monotonic() - t
+        self.squashed = {"writer": "envport", "blocks_compressed": result.blocks_compressed,
+                         "blocks_reused": result.blocks_reused, "files_reused": result.files_reused}
+        self.say(f"squashfs: {result.blocks_compressed} blocks compressed, {result.blocks_reused} reused "
+                 f"({result.files_reused} files) in {self.timings['squashfs']:.1f}s")
+        if result.xattrs_dropped:
+            self.say("squashfs: extended attributes not kept (apptainer and ch-run mount nosuid, where they "
+                     "would not apply): " + ", ".join(f"{k} ({n})" for k, n in result.xattrs_dropped.items()))
+        if cache is not None:
+            t = time.monotonic()
+            for folder in (store.bad if store else {}):
+                cache.remove(folder.name)
+            cache.store_pack(self.loaded.spec.name, lambda folder: write_pack(folder, squashfs, result))
+            self.timings["squashfs_pack"] = time.monotonic() - t
+        return None
+
+    def _block_store(self):
+        """(the phase cache, a store of its block packs), or (None, None) when the cache is off."""
+        from envport.builders.apptainer.phase_cache import CacheSettingError
+
+        try:
+            cache = PhaseCache.for_site(self.site, self.root, self.say)
+        except CacheSettingError as exc:
+            self.say(f"squashfs: no blocks reused: {exc}")
+            return None, None
+        if cache is None:
+            return None, None
+        return cache, BlockStore(cache.packs(), self.say)
+
     def _reproducibility_labels(self) -> dict[str, str]:
-        """Where the image's times come from and which mksquashfs wrote it (another version writes other
-        bytes from the same tree): what a rebuild needs to give the same SIF."""
+        """Where the image's times come from and which writer wrote its squashfs (another writer or version
+        writes other bytes from the same tree): what a rebuild needs to give the same SIF."""
         return {"envport.source_date_epoch": f"{self.created} ({self.created_from})",
-                "envport.mksquashfs": mksquashfs_version()}
+                "envport.squashfs": squashfs_writer_label(self.site.apptainer.compression)}
 
     def _spec_json(self, base: boot.Base, digest: str, size: int) -> bytes:
         # The partition's sha256 lets `inspect` tell a damaged copy from its build (a forger can rewrite it
@@ -528,6 +585,15 @@ def source_date(hash_: str) -> tuple[int, str]:
                                               "(an integer), e.g. $(git log -1 --format=%ct)")
         return int(given), "SOURCE_DATE_EPOCH"
     return spec_epoch(hash_), "derived from the env hash"
+
+
+def squashfs_writer_label(comp: str) -> str:
+    """Which writer and version makes the partition of a build with compressor COMP."""
+    if comp == squashfs_writer.COMPRESSOR:
+        p = squashfs_writer.params()
+        return (f"envport {__version__} squashfs_writer ({p['compressor']} level {p['level']}, zlib {p['zlib']}, "
+                f"{p['block_size'] >> 10} KiB blocks, no fragments)")
+    return f"mksquashfs {mksquashfs_version()} (-comp {comp})"
 
 
 def mksquashfs_version() -> str:

@@ -7,6 +7,11 @@ manifest digest, its size, the %files paths a restore copies afresh).  Settable 
 `ENVPORT_SIF_PHASE_CACHE` (another directory, or `off`) and `ENVPORT_SIF_PHASE_CACHE_MAX` (the size cap,
 `20G`, `500M`; default 8 GiB); the least recently used entries go past the cap.
 
+The squashfs writer's block packs (sif/squash_blocks.py: the last image's compressed blocks of each env,
+found by file content) are entries here too, `kind: squash-blocks`, keyed by the env's name and
+replaced by each build: they count against the same cap, are evicted in the same order, `envport gc
+--phase-cache` removes them with the rest, and `off` turns them off with the cache.
+
 Safe under kills and concurrent builds: an entry is written under `.tmp-<key>.<pid>` and renamed into
 place whole (a half-written one is never read; a later run or `envport gc` deletes it once its pid is
 gone); eviction renames before it deletes; the rename and eviction hold `.lock` (flock).  A restore
@@ -18,6 +23,7 @@ never used.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -37,6 +43,7 @@ ENV_DIR = "ENVPORT_SIF_PHASE_CACHE"
 ENV_MAX = "ENVPORT_SIF_PHASE_CACHE_MAX"
 DEFAULT_MAX = 8 << 30
 DIR_NAME = ".phase-cache"
+BLOCKS_KIND = "squash-blocks"
 ENTRY = "entry.json"
 _KEY = re.compile(r"[0-9a-f]{64}\Z")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\Z", re.IGNORECASE)
@@ -73,6 +80,17 @@ def default_dir(site, root: Path) -> Path:
     if site.apptainer.build_dir:
         return Path(site.apptainer.build_dir).expanduser() / DIR_NAME
     return site.apptainer.sif_path(root) / DIR_NAME
+
+
+def pack_key(name: str) -> str:
+    """The entry key of env NAME's block pack (one per env, replaced by each of its builds)."""
+    return hashlib.sha256(f"{BLOCKS_KIND}:{name}".encode()).hexdigest()
+
+
+def described(meta: dict) -> str:
+    if meta.get("kind") == BLOCKS_KIND:
+        return f"squashfs blocks of {meta.get('name')}"
+    return f"step {meta.get('step')} {meta.get('marker')} of {meta.get('name')}"
 
 
 def _pid_gone(name: str) -> bool:
@@ -150,19 +168,46 @@ class PhaseCache:
         """Keep a copy of ROOTFS under KEY (nothing when an entry is there already); then trim to the cap."""
         if self.find(key) is not None:
             return None
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".tmp-{key}.{os.getpid()}"
-        _remove_quietly(tmp)
-        tmp.mkdir(mode=0o700)
+        tmp = self._fresh(key)
         proc = run(["cp", "-a", "--reflink=auto", "--", str(rootfs), str(tmp / "rootfs")], timeout=None)
         if not proc.ok:
             self.say(f"phase cache: not kept ({(proc.stderr or proc.why).strip()[-200:]})")
             _remove_quietly(tmp)
             return None
-        full = {**meta, "key": key, "manifest": manifest_digest(tree_manifest(tmp / "rootfs")),
-                "bytes": tree_bytes(str(tmp)), "stored": int(time.time())}
+        return self._publish(key, tmp, {**meta, "manifest": manifest_digest(tree_manifest(tmp / "rootfs"))},
+                             replace=False)
+
+    def packs(self) -> list[Path]:
+        """The block packs' directories (sif/squash_blocks.py), most recently used last."""
+        return [e.path for e in self.entries() if e.meta.get("kind") == BLOCKS_KIND]
+
+    def store_pack(self, name: str, fill: Callable[[Path], None]) -> Optional[Entry]:
+        """Env NAME's block pack, written by FILL into a fresh directory, in place of the one before."""
+        key = pack_key(name)
+        tmp = self._fresh(key)
+        try:
+            fill(tmp)
+        except OSError as exc:
+            self.say(f"phase cache: squashfs blocks of {name} not kept ({exc})")
+            _remove_quietly(tmp)
+            return None
+        return self._publish(key, tmp, {"kind": BLOCKS_KIND, "name": name}, replace=True)
+
+    def _fresh(self, key: str) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".tmp-{key}.{os.getpid()}"
+        _remove_quietly(tmp)
+        tmp.mkdir(mode=0o700)
+        return tmp
+
+    def _publish(self, key: str, tmp: Path, meta: dict, replace: bool) -> Optional[Entry]:
+        """TMP renamed into place as entry KEY (its entry.json written first), under the lock; REPLACE: an
+        entry already there goes (renamed away first), else the one there wins.  Then trim to the cap."""
+        full = {**meta, "key": key, "bytes": tree_bytes(str(tmp)), "stored": int(time.time())}
         (tmp / ENTRY).write_text(json.dumps(full, sort_keys=True, indent=1), encoding="utf-8")
         with self._locked():
+            if replace:
+                self.remove(key)
             try:
                 os.rename(tmp, self.dir / key)
             except OSError:  # another build kept the same tree first
@@ -195,8 +240,7 @@ class PhaseCache:
             if total <= self.cap:
                 break
             total -= self.remove(e.key)
-            self.say(f"phase cache: removed entry {e.key[:12]} (step {e.meta.get('step')} {e.meta.get('marker')} "
-                     f"of {e.meta.get('name')}): over the cap ({ENV_MAX})")
+            self.say(f"phase cache: removed entry {e.key[:12]} ({described(e.meta)}): over the cap ({ENV_MAX})")
 
     def sweep(self) -> int:
         """Remove what builds that did not finish left (`.tmp-*`, `.trash-*` of a gone pid); bytes freed."""

@@ -1,0 +1,271 @@
+"""envport's own squashfs writer (sif/squashfs_writer.py) and its block store (sif/squash_blocks.py), on one
+small tree holding every kind of entry the format has, against squashfs-tools itself:
+
+- the image equals, byte for byte, what `mksquashfs -no-fragments -no-exports -no-xattrs` (squashfs-tools
+  4.5, Debian 12's) writes of the same tree; `unsquashfs -lln` lists both the same, and what unsquashfs
+  extracts has every file's content, mode, owner, time and hard link;
+- the kernel (a loop mount, as root) and squashfuse read it back;
+- the same tree gives the same bytes twice; with a store of the first image's blocks, a second write after
+  one file changed compresses only that file's blocks and gives the bytes a write without the store gives;
+- a damaged pack is named, not used, and the image is still right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envport.sif import squash_blocks
+from envport.sif.squashfs_writer import BLOCK_SIZE, write_image
+
+T = 1234567890
+
+
+def _need(*tools: str) -> None:
+    absent = [t for t in tools if shutil.which(t) is None]
+    if absent:
+        pytest.skip(f"{', '.join(absent)} not installed (apt-get install squashfs-tools squashfuse)")
+
+
+def _tree(top: Path) -> Path:
+    """Every entry kind, sizes around the block size, names odd and long, owners and times not root's."""
+    root = top / "tree"
+    (root / "many").mkdir(parents=True)
+    (root / "wide").mkdir()
+    (root / "deep" / "er" / "est").mkdir(parents=True)
+    (root / "empty-dir").mkdir()
+    files = {
+        "zero": b"",
+        "small": b"hello squashfs\n",
+        "one-block": bytes(range(256)) * (BLOCK_SIZE // 256),
+        "several": b"".join(b"line %08d of several blocks\n" % i for i in range(20000)),
+        "incompressible": hashlib.shake_256(b"envport").digest(BLOCK_SIZE + 5000),
+        "zero-blocks-inside": b"head" + bytes(2 * BLOCK_SIZE) + b"tail" + bytes(BLOCK_SIZE),
+        "duplicate-of-small": b"hello squashfs\n",
+        "deep/er/est/leaf": b"leaf\n",
+        "name with spaces & 'quotes'": b"x",
+        "unicod\u00e9-\u6587\u4ef6": b"y",
+        "l" * 255: b"the longest name\n",
+    }
+    for rel, data in files.items():
+        (root / rel).write_bytes(data)
+    os.symlink("small", root / "link-to-small")
+    os.symlink("/nonexistent/" + "t" * 300, root / "dangling")
+    os.link(root / "several", root / "deep" / "hard-1")
+    os.link(root / "several", root / "many" / "hard-2")
+    os.link(root / "small", root / "wide" / "hard-small")
+    with open(os.path.join(os.fsencode(root), b"bytes-\xff\xfe"), "wb") as fh:
+        fh.write(b"not utf-8 name\n")
+    for i in range(300):  # more than 256 entries: several directory runs
+        (root / "many" / f"f{i:03d}").write_bytes(b"%d\n" % (i % 7))
+    for i in range(330):  # a listing over 64 KiB: an extended directory with an index
+        (root / "wide" / (f"{i:03d}-" + "w" * 200)).write_bytes(b"")
+    os.mkfifo(root / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(root / "sock"))
+    sock.close()
+    if os.geteuid() == 0:
+        os.mknod(root / "null-dev", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.mknod(root / "big-minor", stat.S_IFBLK | 0o600, os.makedev(259, 70000))
+        os.chown(root / "small", 1234, 5678)
+        os.chown(root / "deep", 4321, 1234, follow_symlinks=False)
+        os.chown(root / "link-to-small", 99, 98, follow_symlinks=False)
+    os.chmod(root / "several", 0o4755)
+    os.chmod(root / "deep" / "er", 0o2750)
+    for n, path in enumerate(sorted(root.rglob("*"))):
+        os.utime(path, (T + n, T + 1000 * n), follow_symlinks=False)
+    os.utime(root, (T, T))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory.mktemp("sqfs"))
+
+
+def _mksquashfs(root: Path, out: Path) -> Path:
+    subprocess.run(["mksquashfs", str(root), str(out), "-noappend", "-no-fragments", "-no-exports", "-no-xattrs",
+                    "-mkfs-time", str(T), "-quiet", "-no-progress"], check=True, capture_output=True,
+                   env={k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"})
+    return out
+
+
+def _listing(image: Path) -> bytes:
+    return subprocess.run(["unsquashfs", "-lln", "-d", "", str(image)], check=True, capture_output=True).stdout
+
+
+def _manifest(root: Path) -> dict:
+    """path -> (mode, uid, gid, mtime, content sha256 or link target or device, the first path of its hard-link
+    group or None)."""
+    out, groups = {}, {}
+    top = os.fsencode(root)
+    for folder, dirs, files in os.walk(top):
+        for name in sorted(dirs + files):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, top)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            elif stat.S_ISLNK(st.st_mode):
+                what = os.readlink(path)
+            else:
+                what = st.st_rdev if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else ""
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                groups.setdefault(st.st_ino, []).append(rel)
+            mtime = None if stat.S_ISDIR(st.st_mode) else int(st.st_mtime)  # extracting a dir sets its time
+            out[rel] = [st.st_mode, st.st_uid, st.st_gid, mtime, what, None]
+    for paths in groups.values():
+        for rel in paths:
+            out[rel][5] = min(paths)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def test_the_image_is_what_mksquashfs_writes_and_reads_back_whole(tree, tmp_path):
+    _need("mksquashfs", "unsquashfs")
+    ours = tmp_path / "ours.sqfs"
+    result = write_image(tree, ours, mkfs_time=T)
+    theirs = _mksquashfs(tree, tmp_path / "theirs.sqfs")
+    assert _listing(ours) == _listing(theirs)
+    assert ours.read_bytes() == theirs.read_bytes(), "the same tree, other bytes than mksquashfs -no-fragments"
+    assert result.size == ours.stat().st_size and result.size % 4096 == 0
+    assert result.files_compressed == len({m[4] for m in _manifest(tree).values()
+                                           if isinstance(m[4], str) and len(m[4]) == 64}) - 1  # less the empty file
+    out = tmp_path / "out"
+    subprocess.run(["unsquashfs", "-d", str(out), "-no-xattrs", str(ours)], check=True, capture_output=True)
+    assert _manifest(out) == _manifest(tree)
+
+
+def test_every_inode_takes_one_mtime_when_asked(tree, tmp_path):
+    _need("mksquashfs")
+    ours = write_image(tree, tmp_path / "ours.sqfs", mtime=T, mkfs_time=T)
+    subprocess.run(["mksquashfs", str(tree), str(tmp_path / "theirs.sqfs"), "-noappend", "-no-fragments",
+                    "-no-exports", "-no-xattrs", "-all-time", str(T), "-mkfs-time", str(T), "-quiet",
+                    "-no-progress"], check=True, capture_output=True)
+    assert ours.size and (tmp_path / "ours.sqfs").read_bytes() == (tmp_path / "theirs.sqfs").read_bytes()
+
+
+def test_the_kernel_and_squashfuse_read_it(tree, tmp_path):
+    _need("squashfuse", "fusermount")
+    image = tmp_path / "ours.sqfs"
+    write_image(tree, image, mkfs_time=T)
+    want = {k: v[4] for k, v in _manifest(tree).items()}
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["squashfuse", str(image), str(mnt)], check=True, capture_output=True)
+    try:
+        assert {k: v[4] for k, v in _manifest(mnt).items()} == want
+    finally:
+        subprocess.run(["fusermount", "-u", str(mnt)], check=True)
+    if os.geteuid() != 0:
+        pytest.skip("the kernel's squashfs (mount -o loop) needs root; squashfuse read it")
+    proc = subprocess.run(["mount", "-t", "squashfs", "-o", "loop,ro", str(image), str(mnt)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"no loop mount here: {proc.stderr.strip()}")
+    try:
+        assert _manifest(mnt) == _manifest(tree)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def _pack(image: Path, result, where: Path) -> Path:
+    where.mkdir()
+    squash_blocks.write_pack(where, image, result)
+    return where
+
+
+def test_the_same_tree_gives_the_same_bytes_and_a_store_compresses_only_what_changed(tree, tmp_path):
+    first, again = tmp_path / "1.sqfs", tmp_path / "2.sqfs"
+    result = write_image(tree, first, mtime=T, mkfs_time=T)
+    write_image(tree, again, mtime=T, mkfs_time=T)
+    assert first.read_bytes() == again.read_bytes()
+    pack = _pack(first, result, tmp_path / "pack")
+
+    edited = tmp_path / "edited"
+    subprocess.run(["cp", "-a", str(tree), str(edited)], check=True)  # fifo, socket, devices, hard links
+    (edited / "several").write_bytes(b"edited\n" * 50000)  # 350 kB: 3 blocks; its hard links change with it
+    plain, reused = tmp_path / "plain.sqfs", tmp_path / "reused.sqfs"
+    write_image(edited, plain, mtime=T, mkfs_time=T)
+    store = squash_blocks.BlockStore([pack])
+    try:
+        stats = write_image(edited, reused, mtime=T, mkfs_time=T, store=store)
+    finally:
+        store.close()
+    assert reused.read_bytes() == plain.read_bytes()
+    assert stats.blocks_compressed == 3 and stats.files_compressed == 1
+    assert stats.files_reused == result.files_compressed - 1 and not store.bad
+
+
+def test_a_damaged_pack_is_named_and_not_used(tree, tmp_path):
+    image = tmp_path / "1.sqfs"
+    result = write_image(tree, image, mtime=T, mkfs_time=T)
+    pack = _pack(image, result, tmp_path / "pack")
+    where = result.files[hashlib.sha256((tree / "several").read_bytes()).hexdigest()].start
+    with open(pack / squash_blocks.PACK, "r+b") as fh:
+        fh.seek(where + 10)
+        byte = fh.read(1)
+        fh.seek(where + 10)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    said: list[str] = []
+    store = squash_blocks.BlockStore([pack], say=said.append)
+    again = tmp_path / "2.sqfs"
+    try:
+        stats = write_image(tree, again, mtime=T, mkfs_time=T, store=store)
+    finally:
+        store.close()
+    assert again.read_bytes() == image.read_bytes()
+    assert list(store.bad) == [pack] and any(str(pack) in line and "damaged" in line for line in said)
+    assert stats.files_compressed >= 1  # the damaged file and every one asked after it: compressed afresh
+
+
+def test_the_builder_squashes_with_the_writer_and_an_edit_compresses_only_what_changed(base_image, tmp_path):
+    """tiny-sif with gzip (the writer's) through one phase cache: a cold build; its first pip phase edited
+    (six 1.16 -> 1.17: a handful of files change), built through the cache, reuses the rest of the blocks;
+    `envport rebuild-check` of that SIF rebuilds it from nothing (cache off, every block compressed) and
+    gets the same bytes; the label names the writer."""
+    from envport.plan.lock import sha256_file
+
+    from .sif_fixtures import SIF_TIMEOUT, require_sif_tools, sif_env
+    from .support import as_json, copy_project, fail_with, run_envport, write_site, write_spec
+
+    require_sif_tools()
+    root = copy_project(tmp_path / "project")
+    site = write_site(root, "sif-gzip", apptainer={"compression": "gzip"})
+    env = sif_env(ENVPORT_SIF_PHASE_CACHE=str(tmp_path / "cache"))
+
+    def build() -> dict:
+        proc = run_envport("build", "tiny-sif", "--target", "apptainer", "--site", site, "--rebuild", "--json",
+                           root=root, env=env, timeout=SIF_TIMEOUT)
+        assert proc.returncode == 0, fail_with(proc, "envport build tiny-sif")
+        return as_json(proc)["steps"][-1]["data"]
+
+    write_spec(root, "tiny-sif", pip_phases=[["six==1.16.0"]])
+    cold = build()
+    assert cold["squashfs"]["blocks_reused"] == 0 and cold["squashfs"]["blocks_compressed"] > 1000
+    write_spec(root, "tiny-sif", pip_phases=[["six==1.17.0"]])
+    edited = build()
+    squashed = edited["squashfs"]
+    assert 0 < squashed["blocks_compressed"] < squashed["blocks_reused"] / 50, squashed
+    proc = run_envport("rebuild-check", edited["sif"], "--json", root=root, env=sif_env(), timeout=SIF_TIMEOUT)
+    out = as_json(proc)
+    assert proc.returncode == 0, fail_with(proc, "envport rebuild-check")
+    assert out["sha256"] == out["rebuilt_sha256"] == sha256_file(edited["sif"])
+    labels = json.loads(subprocess.run(["unsquashfs", "-o", str(_partition_offset(edited["sif"])), "-cat",
+                                        edited["sif"], ".singularity.d/labels.json"], capture_output=True,
+                                       check=True).stdout)
+    assert re.match(r"envport \S+ squashfs_writer \(gzip level 9, zlib ", labels["envport.squashfs"]), labels
+
+
+def _partition_offset(sif: str) -> int:
+    from envport.sif.gate import gate
+
+    return gate(Path(sif)).partition.offset
