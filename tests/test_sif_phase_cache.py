@@ -35,10 +35,13 @@ from .support import as_json, copy_project, fail_with, run_envport, write_site, 
 NAME = "cache-sif"
 SITE = "sif-fast"
 SEED = int(os.environ.get("ENVPORT_TEST_SEED", "39"))
-PHASES = [["six==1.16.0"], ["idna==3.7"]]
+# setuptools in phase 2 replaces the venv's own, as demo-cpu's torch phase does: the next interpreter imports
+# its `_distutils_hack` at startup (a .pth) and writes a timestamp .pyc holding the install time, which the
+# bytecode step must rewrite, or two builds differ in it (renderers/bytecode.py).
+PHASES = [["six==1.16.0"], ["idna==3.7", "setuptools==84.0.0"]]
 # Each edit changes one phase; the step the next build restores is the one before it.
 EDITS = {
-    "pip-2": lambda p: [p[0], ["idna==3.6" if p[1] == ["idna==3.7"] else "idna==3.7"]],
+    "pip-2": lambda p: [p[0], ["idna==3.6" if p[1][0] == "idna==3.7" else "idna==3.7", *p[1][1:]]],
     "pip-1": lambda p: [["six==1.17.0" if p[0] == ["six==1.16.0"] else "six==1.16.0"], p[1]],
 }
 
