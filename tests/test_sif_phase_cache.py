@@ -1,10 +1,13 @@
 """The SIF builder's phase cache (builders/apptainer/phase_cache.py) with real builds: envport's own .def
-builder, docker's base image, bwrap, mksquashfs (lz4: the `sif-fast` site), one small spec of two pip
-phases (no torch), one cache directory per module.
+builder, docker's base image, bwrap, envport's squashfs writer (zstd, the project site's compressor: the
+`sif-zstd` site), one small spec of two pip phases (no torch), one cache directory per module.  The cache
+holds both halves of a rebuild's saving: each phase's tree, and the compressed blocks of the last image
+(sif/squash_blocks.py), which an edited build takes for every file it did not change.
 
 - two builds started together into an empty shared cache both end right, with the same bytes (the
   reproducibility half: both built from nothing);
-- a random sequence of phase edits built through the cache, then `envport rebuild-check` of the last SIF
+- a random sequence of phase edits built through the cache, each reusing most blocks, then `envport
+  rebuild-check` of the last SIF
   (which rebuilds it from nothing, the cache off) says the bytes are the same; on a difference the two
   partitions' manifests (every path's mode, owner, time, size and content sha256) name the files;
 - a build killed while it writes an entry leaves nothing any build uses, and the next sweep removes it;
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from envport.builders.apptainer.phase_cache import PhaseCache
+from envport.builders.apptainer.phase_cache import BLOCKS_KIND, PhaseCache
 from envport.plan.lock import sha256_file
 from envport.sif.compare import manifest_diff, manifest_digest, tree_manifest, unpack_partition
 
@@ -33,7 +36,7 @@ from .sif_fixtures import SIF_TIMEOUT, require_sif_tools, sif_env
 from .support import as_json, copy_project, fail_with, run_envport, write_site, write_spec
 
 NAME = "cache-sif"
-SITE = "sif-fast"
+SITE = "sif-zstd"
 SEED = int(os.environ.get("ENVPORT_TEST_SEED", "39"))
 # setuptools in phase 2 replaces the venv's own, as demo-cpu's torch phase does: the next interpreter imports
 # its `_distutils_hack` at startup (a .pth) and writes a timestamp .pyc holding the install time, which the
@@ -49,7 +52,7 @@ EDITS = {
 def _project(root: Path, phases) -> Path:
     if not (root / "specs").is_dir():
         copy_project(root)
-        write_site(root, SITE, apptainer={"compression": "lz4"})
+        write_site(root, SITE, apptainer={"compression": "zstd"})
     write_spec(root, NAME, pip_phases=phases)
     return root
 
@@ -92,10 +95,13 @@ def cold(base_image, tmp_path_factory, cache_dir) -> list[dict]:
 def test_two_builds_sharing_an_empty_cache_both_end_right_with_the_same_bytes(cold, cache_dir):
     a, b = cold
     assert sha256_file(a["sif"]) == sha256_file(b["sif"]), "two builds of one spec, lock and site from nothing differ"
+    assert a["squashfs"]["blocks_reused"] == 0 == b["squashfs"]["blocks_reused"], (a["squashfs"], b["squashfs"])
     cache = PhaseCache(cache_dir, 1 << 40)
-    entries = cache.entries()
-    # kept: the step before the first pip phase, then each pip phase but the last step (labels)
+    entries = [e for e in cache.entries() if e.meta.get("kind") != BLOCKS_KIND]
+    # kept: the step before the first pip phase, then each pip phase but the last step (labels); and the
+    # image's compressed blocks, one pack for the env (the second build's replaced the first's)
     assert sorted(e.meta["marker"] for e in entries) == ["env", "pip-1", "pip-2"], entries
+    assert [e.meta["name"] for e in cache.entries() if e.meta.get("kind") == BLOCKS_KIND] == [NAME]
     assert not [p.name for p in cache_dir.iterdir() if p.name.startswith(".tmp-")]
     for e in entries:
         assert manifest_digest(tree_manifest(e.rootfs)) == e.meta["manifest"], f"entry {e.key} is not its manifest"
@@ -116,6 +122,8 @@ def test_random_phase_edits_through_the_cache_equal_a_build_from_nothing(cold, c
         # phase N edited: at least the tree after the step before it comes from the cache (a later one
         # when an earlier edit of the sequence built this very phase already)
         assert restored >= {"pip-2": 5, "pip-1": 4}[edit], (SEED, done, restored)
+        squashed = built["squashfs"]  # an edit of one small phase: the rest of the image's blocks come back
+        assert 0 < squashed["blocks_compressed"] < squashed["blocks_reused"] / 20, (SEED, done, squashed)
     proc = run_envport("rebuild-check", built["sif"], "--json", root=root, env=sif_env(), timeout=SIF_TIMEOUT)
     out = as_json(proc)
     if proc.returncode != 0:
@@ -153,7 +161,7 @@ def test_a_killed_build_leaves_no_usable_entry(cold, cache_dir, tmp_path):
 
 def test_a_damaged_entry_is_named_removed_and_rebuilt(cold, cache_dir, tmp_path):
     cache = PhaseCache(cache_dir, 1 << 40)
-    pip2 = [e for e in cache.entries() if e.meta["marker"] == "pip-2" and e.meta.get("name") == NAME]
+    pip2 = [e for e in cache.entries() if e.meta.get("marker") == "pip-2" and e.meta.get("name") == NAME]
     assert pip2
     for e in pip2:  # whichever the next build picks
         victim = next(p for p in sorted(e.rootfs.rglob("idna/*.py")))

@@ -1,17 +1,24 @@
 """envport's own squashfs writer (sif/squashfs_writer.py) and its block store (sif/squash_blocks.py), on one
 small tree holding every kind of entry the format has, against squashfs-tools itself:
 
-- the image equals, byte for byte, what `mksquashfs -no-fragments -no-exports -no-xattrs` (squashfs-tools
-  4.5, Debian 12's) writes of the same tree; `unsquashfs -lln` lists both the same, and what unsquashfs
-  extracts has every file's content, mode, owner, time and hard link;
-- the kernel (a loop mount, as root) and squashfuse read it back;
+- gzip: the image equals, byte for byte, what `mksquashfs -no-fragments -no-exports -no-xattrs`
+  (squashfs-tools 4.5, Debian 12's) writes of the same tree; `unsquashfs -lln` lists both the same, and
+  what unsquashfs extracts has every file's content, mode, owner, time and hard link;
+- zstd: the same listing and extracted tree; the superblock's fields but the tables' places equal
+  mksquashfs -comp zstd's; the bytes equal where python-zstandard carries the libzstd mksquashfs links
+  (checked when it does: its frames are another libzstd's otherwise);
+- a level other than the default: the compressor options block and flag where mksquashfs writes them;
+- the kernel (a loop mount, as root) and squashfuse read it back, gzip and zstd;
 - the same tree gives the same bytes twice; with a store of the first image's blocks, a second write after
-  one file changed compresses only that file's blocks and gives the bytes a write without the store gives;
+  one file changed compresses only that file's blocks and gives the bytes a write without the store gives
+  (gzip and zstd); a gzip pack is never used for a zstd write;
 - a damaged pack is named, not used, and the image is still right.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
@@ -19,13 +26,14 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from envport.sif import squash_blocks
-from envport.sif.squashfs_writer import BLOCK_SIZE, write_image
+from envport.sif.squashfs_writer import BLOCK_SIZE, SUPERBLOCK, WriterError, params, write_image
 
 T = 1234567890
 
@@ -92,11 +100,30 @@ def tree(tmp_path_factory) -> Path:
     return _tree(tmp_path_factory.mktemp("sqfs"))
 
 
-def _mksquashfs(root: Path, out: Path) -> Path:
-    subprocess.run(["mksquashfs", str(root), str(out), "-noappend", "-no-fragments", "-no-exports", "-no-xattrs",
-                    "-mkfs-time", str(T), "-quiet", "-no-progress"], check=True, capture_output=True,
+def _mksquashfs(root: Path, out: Path, *comp: str) -> Path:
+    subprocess.run(["mksquashfs", str(root), str(out), "-noappend", *comp, "-no-fragments", "-no-exports",
+                    "-no-xattrs", "-mkfs-time", str(T), "-quiet", "-no-progress"], check=True, capture_output=True,
                    env={k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"})
     return out
+
+
+def _superblock_but_places(image: Path) -> tuple:
+    """The superblock's fields but where the tables are (which move with the compressed sizes): magic, inode
+    count, mkfs time, block size, fragments, compression id, block log, flags, id count, version; and the
+    xattr and export tables' (absent) places."""
+    fields = SUPERBLOCK.unpack_from(image.read_bytes())
+    return fields[:11] + (fields[14], fields[18])
+
+
+def _same_libzstd_as_mksquashfs() -> bool:
+    """python-zstandard's libzstd is the one mksquashfs links (the system's): its frames are mksquashfs' bytes."""
+    import zstandard
+
+    found = ctypes.util.find_library("zstd")
+    if found is None:
+        return False
+    number = ctypes.CDLL(found).ZSTD_versionNumber()
+    return zstandard.ZSTD_VERSION == (number // 10000, number // 100 % 100, number % 100)
 
 
 def _listing(image: Path) -> bytes:
@@ -153,10 +180,11 @@ def test_every_inode_takes_one_mtime_when_asked(tree, tmp_path):
     assert ours.size and (tmp_path / "ours.sqfs").read_bytes() == (tmp_path / "theirs.sqfs").read_bytes()
 
 
-def test_the_kernel_and_squashfuse_read_it(tree, tmp_path):
+@pytest.mark.parametrize("compressor", ["gzip", "zstd"])
+def test_the_kernel_and_squashfuse_read_it(tree, tmp_path, compressor):
     _need("squashfuse", "fusermount")
     image = tmp_path / "ours.sqfs"
-    write_image(tree, image, mkfs_time=T)
+    write_image(tree, image, compressor=compressor, mkfs_time=T)
     want = {k: v[4] for k, v in _manifest(tree).items()}
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -169,12 +197,47 @@ def test_the_kernel_and_squashfuse_read_it(tree, tmp_path):
         pytest.skip("the kernel's squashfs (mount -o loop) needs root; squashfuse read it")
     proc = subprocess.run(["mount", "-t", "squashfs", "-o", "loop,ro", str(image), str(mnt)], capture_output=True,
                           text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"no loop mount here: {proc.stderr.strip()}")
+    if proc.returncode != 0:  # e.g. a kernel without CONFIG_SQUASHFS_ZSTD: "unsupported" or a bad superblock
+        pytest.skip(f"the kernel did not mount the {compressor} image (squashfuse read it): {proc.stderr.strip()}")
     try:
         assert _manifest(mnt) == _manifest(tree)
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_zstd_reads_back_as_the_tree_with_mksquashfs_superblock(tree, tmp_path):
+    _need("mksquashfs", "unsquashfs")
+    ours = tmp_path / "ours.sqfs"
+    write_image(tree, ours, compressor="zstd", mkfs_time=T)
+    theirs = _mksquashfs(tree, tmp_path / "theirs.sqfs", "-comp", "zstd")
+    assert _listing(ours) == _listing(theirs)
+    assert _superblock_but_places(ours) == _superblock_but_places(theirs)
+    assert _superblock_but_places(ours)[5] == 6  # zstd's compression id
+    out = tmp_path / "out"
+    subprocess.run(["unsquashfs", "-d", str(out), "-no-xattrs", str(ours)], check=True, capture_output=True)
+    assert _manifest(out) == _manifest(tree)
+    if _same_libzstd_as_mksquashfs():
+        assert ours.read_bytes() == theirs.read_bytes(), "the same libzstd, other bytes than mksquashfs -comp zstd"
+
+
+@pytest.mark.parametrize("compressor,level,options", [("gzip", 6, struct.pack("<ihh", 6, 15, 0)),
+                                                      ("zstd", 3, struct.pack("<i", 3))], ids=["gzip-6", "zstd-3"])
+def test_a_level_not_the_default_writes_the_options_mksquashfs_writes(tree, tmp_path, compressor, level, options):
+    _need("mksquashfs", "unsquashfs")
+    ours = tmp_path / "ours.sqfs"
+    write_image(tree, ours, compressor=compressor, level=level, mkfs_time=T)
+    theirs = _mksquashfs(tree, tmp_path / "theirs.sqfs", "-comp", compressor, "-Xcompression-level", str(level))
+    head = SUPERBLOCK.size
+    # an uncompressed metadata block (bit 15 of its size word) right after the superblock, and the COMP_OPT flag
+    assert ours.read_bytes()[head:head + 2 + len(options)] == struct.pack("<H", len(options) | 0x8000) + options
+    assert theirs.read_bytes()[head:head + 2 + len(options)] == ours.read_bytes()[head:head + 2 + len(options)]
+    assert _superblock_but_places(ours) == _superblock_but_places(theirs) and _superblock_but_places(ours)[7] & 0x400
+    assert _listing(ours) == _listing(theirs)
+    out = tmp_path / "out"
+    subprocess.run(["unsquashfs", "-d", str(out), "-no-xattrs", str(ours)], check=True, capture_output=True)
+    assert _manifest(out) == _manifest(tree)
+    if compressor == "gzip" or _same_libzstd_as_mksquashfs():
+        assert ours.read_bytes() == theirs.read_bytes()
 
 
 def _pack(image: Path, result, where: Path) -> Path:
@@ -183,10 +246,11 @@ def _pack(image: Path, result, where: Path) -> Path:
     return where
 
 
-def test_the_same_tree_gives_the_same_bytes_and_a_store_compresses_only_what_changed(tree, tmp_path):
+@pytest.mark.parametrize("compressor", ["gzip", "zstd"])
+def test_the_same_tree_gives_the_same_bytes_and_a_store_compresses_only_what_changed(tree, tmp_path, compressor):
     first, again = tmp_path / "1.sqfs", tmp_path / "2.sqfs"
-    result = write_image(tree, first, mtime=T, mkfs_time=T)
-    write_image(tree, again, mtime=T, mkfs_time=T)
+    result = write_image(tree, first, compressor=compressor, mtime=T, mkfs_time=T)
+    write_image(tree, again, compressor=compressor, mtime=T, mkfs_time=T)
     assert first.read_bytes() == again.read_bytes()
     pack = _pack(first, result, tmp_path / "pack")
 
@@ -194,15 +258,37 @@ def test_the_same_tree_gives_the_same_bytes_and_a_store_compresses_only_what_cha
     subprocess.run(["cp", "-a", str(tree), str(edited)], check=True)  # fifo, socket, devices, hard links
     (edited / "several").write_bytes(b"edited\n" * 50000)  # 350 kB: 3 blocks; its hard links change with it
     plain, reused = tmp_path / "plain.sqfs", tmp_path / "reused.sqfs"
-    write_image(edited, plain, mtime=T, mkfs_time=T)
-    store = squash_blocks.BlockStore([pack])
+    write_image(edited, plain, compressor=compressor, mtime=T, mkfs_time=T)
+    store = squash_blocks.BlockStore([pack], params(compressor))
     try:
-        stats = write_image(edited, reused, mtime=T, mkfs_time=T, store=store)
+        stats = write_image(edited, reused, compressor=compressor, mtime=T, mkfs_time=T, store=store)
     finally:
         store.close()
     assert reused.read_bytes() == plain.read_bytes()
     assert stats.blocks_compressed == 3 and stats.files_compressed == 1
     assert stats.files_reused == result.files_compressed - 1 and not store.bad
+
+
+def test_a_gzip_pack_is_never_used_for_a_zstd_write(tree, tmp_path):
+    image = tmp_path / "gzip.sqfs"
+    pack = _pack(image, write_image(tree, image, mtime=T, mkfs_time=T), tmp_path / "pack")
+    assert json.loads((pack / squash_blocks.INDEX).read_text())["params"]["compressor"] == "gzip"
+    store = squash_blocks.BlockStore([pack], params("zstd"))
+    plain, through = tmp_path / "plain.sqfs", tmp_path / "through.sqfs"
+    try:
+        assert store.index == {} and store.packs == [] and not store.bad
+        stats = write_image(tree, through, compressor="zstd", mtime=T, mkfs_time=T, store=store)
+    finally:
+        store.close()
+    write_image(tree, plain, compressor="zstd", mtime=T, mkfs_time=T)
+    assert stats.files_reused == 0 and through.read_bytes() == plain.read_bytes()
+    gzip_store = squash_blocks.BlockStore([pack], params("gzip"))
+    try:
+        assert gzip_store.index
+        with pytest.raises(WriterError, match="block store of"):  # the writer refuses blocks of other params
+            write_image(tree, tmp_path / "mixed.sqfs", compressor="zstd", store=gzip_store)
+    finally:
+        gzip_store.close()
 
 
 def test_a_damaged_pack_is_named_and_not_used(tree, tmp_path):
@@ -216,7 +302,7 @@ def test_a_damaged_pack_is_named_and_not_used(tree, tmp_path):
         fh.seek(where + 10)
         fh.write(bytes([byte[0] ^ 0xFF]))
     said: list[str] = []
-    store = squash_blocks.BlockStore([pack], say=said.append)
+    store = squash_blocks.BlockStore([pack], params(), say=said.append)
     again = tmp_path / "2.sqfs"
     try:
         stats = write_image(tree, again, mtime=T, mkfs_time=T, store=store)
@@ -227,11 +313,14 @@ def test_a_damaged_pack_is_named_and_not_used(tree, tmp_path):
     assert stats.files_compressed >= 1  # the damaged file and every one asked after it: compressed afresh
 
 
-def test_the_builder_squashes_with_the_writer_and_an_edit_compresses_only_what_changed(base_image, tmp_path):
-    """tiny-sif with gzip (the writer's) through one phase cache: a cold build; its first pip phase edited
-    (six 1.16 -> 1.17: a handful of files change), built through the cache, reuses the rest of the blocks;
-    `envport rebuild-check` of that SIF rebuilds it from nothing (cache off, every block compressed) and
-    gets the same bytes; the label names the writer."""
+@pytest.mark.parametrize("compressor,label", [("gzip", r"gzip level 9, zlib \S+")], ids=["gzip"])
+def test_the_builder_squashes_with_the_writer_and_an_edit_compresses_only_what_changed(base_image, tmp_path,
+                                                                                      compressor, label):
+    """tiny-sif with gzip (apptainer's default; zstd, the project site's, is tests/test_sif_phase_cache.py's)
+    through one phase cache: a cold build; its first pip phase edited (six 1.16 -> 1.17: a handful of files
+    change), built through the cache, reuses the rest of the blocks; `envport rebuild-check` of that SIF
+    rebuilds it from nothing (cache off, every block compressed) and gets the same bytes; the label names
+    the writer."""
     from envport.plan.lock import sha256_file
 
     from .sif_fixtures import SIF_TIMEOUT, require_sif_tools, sif_env
@@ -239,7 +328,7 @@ def test_the_builder_squashes_with_the_writer_and_an_edit_compresses_only_what_c
 
     require_sif_tools()
     root = copy_project(tmp_path / "project")
-    site = write_site(root, "sif-gzip", apptainer={"compression": "gzip"})
+    site = write_site(root, f"sif-{compressor}", apptainer={"compression": compressor})
     env = sif_env(ENVPORT_SIF_PHASE_CACHE=str(tmp_path / "cache"))
 
     def build() -> dict:
@@ -262,7 +351,8 @@ def test_the_builder_squashes_with_the_writer_and_an_edit_compresses_only_what_c
     labels = json.loads(subprocess.run(["unsquashfs", "-o", str(_partition_offset(edited["sif"])), "-cat",
                                         edited["sif"], ".singularity.d/labels.json"], capture_output=True,
                                        check=True).stdout)
-    assert re.match(r"envport \S+ squashfs_writer \(gzip level 9, zlib ", labels["envport.squashfs"]), labels
+    assert re.fullmatch(rf"envport \S+ squashfs_writer \({label}, 128 KiB blocks, no fragments\)",
+                        labels["envport.squashfs"]), labels
 
 
 def _partition_offset(sif: str) -> int:

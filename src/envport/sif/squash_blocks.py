@@ -4,12 +4,14 @@ writer (sif/squashfs_writer.py) compresses only the files that changed since an 
 Shape, chosen for a rebuild after an edit: the image just written IS the store of its blocks.  A pack
 is a directory of two files: `pack`, the image's data region copied as written (every file's blocks
 back to back: nothing is recompressed or re-laid to make it), and `index.json`, {"params": what a
-block depends on besides the data (compressor, level, block size, zlib's version: squashfs_writer.
-params), "files": {sha256 of a file's content: [offset in the pack, [its blocks' size words], sha256 of
+block depends on besides the data (compressor, level, block size, the compression library's version:
+zlib's for gzip, zstandard's and its libzstd's for zstd: squashfs_writer.Codec.params), "files": {sha256 of a file's content: [offset in the pack, [its blocks' size words], sha256 of
 those compressed bytes]}}.  No fragments in these images, so a file's blocks are its own and move to
 the next image unchanged.  One pack per env name (the caller's key), replaced by each build: the
 store holds what the last build of each env wrote, never a growing history, and a file shared by
-several envs (the torch wheel's libraries) is found in any of their packs.
+several envs (the torch wheel's libraries) is found in any of their packs.  A store reads only the
+packs whose params equal the build's: a gzip pack is never offered to a zstd build, nor one of
+another libzstd (whose frames differ), and the writer refuses a store of other params outright.
 
 Trust: a pack is read-only input from a cache a kill or a full disk may have damaged.  Every reused
 file's compressed bytes are checked against the index's hash before they go into an image; a pack
@@ -46,9 +48,11 @@ class Hit:
 
 
 class BlockStore:
-    """Read side: the packs under PACK_DIRS whose params match this writer's, as one index by content."""
+    """Read side: the packs under PACK_DIRS made with PARAMS (squashfs_writer.Codec.params, the build's), as
+    one index by content."""
 
-    def __init__(self, pack_dirs: Iterable[Path], say: Callable[[str], None] = lambda _line: None):
+    def __init__(self, pack_dirs: Iterable[Path], params: dict, say: Callable[[str], None] = lambda _line: None):
+        self.params = params
         self.say = say
         self.packs: list[Path] = []
         self.fds: list[int] = []
@@ -66,9 +70,9 @@ class BlockStore:
         except (OSError, ValueError) as exc:
             self._mark_bad(folder, f"unreadable ({exc})")
             return
-        if doc.get("format") != FORMAT or doc.get("params") != writer.params():
+        if doc.get("format") != FORMAT or doc.get("params") != self.params:
             os.close(fd)
-            return  # blocks of another compressor, level, block size or zlib: not these bytes
+            return  # blocks of another compressor, level, block size or library version: not these bytes
         n = len(self.packs)
         self.packs.append(folder)
         self.fds.append(fd)
@@ -125,6 +129,6 @@ def write_pack(folder: Path, image: Path, result: writer.WriteResult) -> None:
             dst.write(chunk)
             remaining -= len(chunk)
     files = {sha: [s.start, s.words, s.digest] for sha, s in sorted(result.files.items())}
-    doc = {"format": FORMAT, "params": writer.params(), "files": files}
+    doc = {"format": FORMAT, "params": result.params, "files": files}
     (folder / INDEX).write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
 

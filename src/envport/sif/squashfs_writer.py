@@ -1,4 +1,4 @@
-"""A squashfs 4.0 image of a directory tree, written by envport itself: gzip, 128 KiB blocks, no fragments.
+"""A squashfs 4.0 image of a directory tree, written by envport itself: gzip or zstd, 128 KiB blocks, no fragments.
 
 Why not mksquashfs: a rebuild after a last-phase edit changes a few files of a 1.1 GB rootfs, and
 mksquashfs compresses all of it again (103 of the 124 s of a cold demo-cpu SIF).  No squashfs tool
@@ -11,9 +11,12 @@ format document lay it out (little-endian; the superblock, the data blocks, the 
 directory table, the empty fragment table's place, the id table; padded to 4 KiB):
 
 - data blocks of 128 KiB compressed as mksquashfs' gzip does by default (a zlib stream, level 9, window
-  15, memLevel 8, default strategy: zlib.compress(data, 9) is exactly that), a block stored raw (bit 24
-  of its size) where compression does not make it smaller, a block of zeros not stored at all (size 0:
-  a sparse block, as mksquashfs writes it);
+  15, memLevel 8, default strategy: zlib.compress(data, 9) is exactly that), or as its zstd does
+  (squashfs-tools 4.5.1 zstd_wrapper.c: one ZSTD_compressCCtx frame per block, level 15, the content
+  size in the frame header, no checksum: python-zstandard's ZstdCompressor(level=15).compress is that
+  frame), a block stored raw (bit 24 of its size) where compression does not make it smaller, a block of
+  zeros not stored at all (size 0: a sparse block, as mksquashfs writes it); metadata blocks the same
+  way (bit 15 of their header for a raw one);
 - NO fragments (flag NO_FRAGMENTS): a file's tail is its own short block, so a file's blocks depend on
   that file alone and can be reused from an earlier image whatever else changed.  The cost is
   size (measured in bench/results/sif.json, "writer");
@@ -24,7 +27,16 @@ directory table, the empty fragment table's place, the id table; padded to 4 KiB
   64 KiB) or more than 256 entries, as mksquashfs 4.5 chooses; directory runs split at 256 entries, at a change of the inodes' metadata
   block and where an inode number is more than 32767 from the run's; a directory's size is its listing
   + 3 (the kernel's "." and ".."), the root's parent is inode_count + 1 (mksquashfs' convention);
-- no export table (NFS export of a container image: never), no compressor options (gzip's defaults).
+- no export table (NFS export of a container image: never); compressor options only as mksquashfs writes
+  them: none at the compressor's default level (gzip 9, zstd 15), else its options struct as an
+  uncompressed metadata block after the superblock and the superblock's COMP_OPT flag.
+
+The bytes of a compressed block depend on the compression library's version: zlib's for gzip (the
+system's, the one mksquashfs links: the images are mksquashfs' bytes), libzstd's for zstd.  python-
+zstandard carries its own libzstd (1.5.7 in zstandard 0.25), Debian 12's mksquashfs links libzstd 1.5.4:
+the frames differ (both read back the same; with a zstandard that carries the system's libzstd, e.g.
+zstandard 0.20 and 1.5.4, the image is mksquashfs' bytes again).  So `params()` names the versions: a
+block store keeps blocks per version, and the builder's label says which wrote the image.
 
 Extended attributes are NOT written (flag NO_XATTRS); the ones the tree had are returned by name and
 count (`WriteResult.xattrs_dropped`) and the builder says them.  Decided from the trees this builder
@@ -38,15 +50,18 @@ clears set-id bits for the same reason (builders/apptainer/builder._defang).
 Deterministic: entries sorted by their bytes, data written in one fixed walk order (the inode order),
 every number derived from the tree; the same tree (and MTIME) gives the same bytes, with or without
 the store (a reused block is the bytes compression gives, checked by its hash).  Compression runs on
-a thread pool (zlib releases the GIL), its results consumed in order.
+a thread pool (zlib and python-zstandard release the GIL; a ZstdCompressor is not thread-safe, so each
+worker thread has its own), its results consumed in order.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
 import struct
+import threading
 import time
 import zlib
 from collections import deque
@@ -61,15 +76,14 @@ BLOCK_SIZE = 1 << 17
 BLOCK_LOG = 17
 METADATA_SIZE = 8192
 PAD = 4096
-COMPRESSOR = "gzip"
-GZIP_ID = 1
-LEVEL = 9
+GZIP, ZSTD = "gzip", "zstd"
+COMPRESSORS = (GZIP, ZSTD)  # what this writer writes; mksquashfs writes the others
 UNCOMPRESSED_BLOCK = 1 << 24
 UNCOMPRESSED_META = 0x8000
 INVALID = 0xFFFFFFFFFFFFFFFF
 NO_FRAG = 0xFFFFFFFF
 NO_XATTR = 0xFFFFFFFF
-FLAG_NO_FRAGMENTS, FLAG_DUPLICATES, FLAG_NO_XATTRS = 0x0010, 0x0040, 0x0200
+FLAG_NO_FRAGMENTS, FLAG_DUPLICATES, FLAG_NO_XATTRS, FLAG_COMP_OPT = 0x0010, 0x0040, 0x0200, 0x0400
 SUPERBLOCK = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")
 MAX_RUN = 256
 TICK_S = 4.0
@@ -82,18 +96,91 @@ KIND = {stat.S_IFDIR: DIR, stat.S_IFREG: FILE, stat.S_IFLNK: SYMLINK, stat.S_IFB
         stat.S_IFCHR: CHRDEV, stat.S_IFIFO: FIFO, stat.S_IFSOCK: SOCKET}
 
 
-def params() -> dict:
-    """What a compressed block depends on besides the data: a store keeps blocks only for these."""
-    return {"compressor": COMPRESSOR, "level": LEVEL, "window": 15, "block_size": BLOCK_SIZE,
-            "zlib": zlib.ZLIB_RUNTIME_VERSION}
-
-
 class WriterError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Codec:
+    """One compressor as mksquashfs' wrapper for it writes: the superblock's id, the level, the options
+    block it writes (empty at the default level), the versions its bytes depend on, and the compression."""
+
+    name: str
+    ident: int
+    level: int
+    options: bytes
+    versions: dict
+    pack: Callable[[bytes], bytes]
+
+    def params(self) -> dict:
+        """What a compressed block depends on besides the data: a store keeps blocks only for these."""
+        extra = {"window": 15} if self.name == GZIP else {}
+        return {"compressor": self.name, "level": self.level, **extra, "block_size": BLOCK_SIZE, **self.versions}
+
+    def describe(self) -> str:
+        """E.g. "zstd level 15, zstandard 0.25.0, libzstd 1.5.7": the label's words for what wrote the blocks."""
+        return ", ".join([f"{self.name} level {self.level}"] + [f"{k} {v}" for k, v in self.versions.items()])
+
+
+def codec(compressor: str = GZIP, level: Optional[int] = None) -> Codec:
+    """The Codec for COMPRESSOR at LEVEL (None: mksquashfs' default for it)."""
+    if compressor == GZIP:
+        return _gzip(9 if level is None else level)
+    if compressor == ZSTD:
+        return _zstd(15 if level is None else level)
+    raise WriterError(f"compressor {compressor!r}: envport's squashfs writer writes {' and '.join(COMPRESSORS)}; "
+                      "mksquashfs writes the others")
+
+
+def _gzip(level: int) -> Codec:
+    if not 1 <= level <= 9:
+        raise WriterError(f"gzip level {level}: mksquashfs' gzip takes 1..9")
+    # gzip_wrapper.c's struct gzip_comp_opts {int level; short window_size; short strategy}, written only when
+    # not the defaults (level 9, window 15, no strategy)
+    options = b"" if level == 9 else struct.pack("<ihh", level, 15, 0)
+    return Codec(GZIP, 1, level, options, {"zlib": zlib.ZLIB_RUNTIME_VERSION},
+                 functools.partial(zlib.compress, level=level))
+
+
+def _zstd(level: int) -> Codec:
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise WriterError(f"zstd squashfs needs the zstandard package, an envport dependency ({exc}): "
+                          "python3 -m pip install 'zstandard>=0.22'") from None
+    if not 1 <= level <= zstandard.MAX_COMPRESSION_LEVEL:
+        raise WriterError(f"zstd level {level}: libzstd takes 1..{zstandard.MAX_COMPRESSION_LEVEL}")
+    # zstd_wrapper.c's struct zstd_comp_opts {int compression_level}, written only when not the default 15
+    options = b"" if level == 15 else struct.pack("<i", level)
+    versions = {"zstandard": zstandard.__version__, "libzstd": ".".join(map(str, zstandard.ZSTD_VERSION))}
+    return Codec(ZSTD, 6, level, options, versions, functools.partial(_zstd_frame, level))
+
+
+_per_thread = threading.local()
+
+
+def _zstd_frame(level: int, data: bytes) -> bytes:
+    """One zstd frame of DATA at LEVEL, content size in its header, no checksum (ZSTD_compressCCtx's), with
+    this thread's own compressor (python-zstandard's are not thread-safe; a context is reused, not remade)."""
+    compressors = _per_thread.__dict__.setdefault("zstd", {})
+    compressor = compressors.get(level)
+    if compressor is None:
+        import zstandard
+
+        compressor = compressors[level] = zstandard.ZstdCompressor(level=level, write_checksum=False,
+                                                                   write_content_size=True)
+    return compressor.compress(data)
+
+
+def params(compressor: str = GZIP, level: Optional[int] = None) -> dict:
+    """The block params (Codec.params) of COMPRESSOR at LEVEL."""
+    return codec(compressor, level).params()
+
+
 class BlockSource(Protocol):
-    """Compressed blocks of earlier images (sif/squash_blocks.BlockStore)."""
+    """Compressed blocks of earlier images (sif/squash_blocks.BlockStore), all made with `params`."""
+
+    params: dict
 
     def has(self, sha256: str, size: int) -> bool:
         """Blocks of content SHA256 (SIZE bytes) are kept (not yet checked)."""
@@ -130,6 +217,7 @@ class WriteResult:
     inodes: int
     data_end: int
     files: dict[str, Stored]  # content sha256 -> where its blocks are in the image
+    params: dict = field(default_factory=dict)  # what its blocks depend on besides the data (Codec.params)
     blocks_compressed: int = 0
     blocks_reused: int = 0
     files_compressed: int = 0
@@ -191,8 +279,8 @@ def _note_xattrs(path: bytes, seen: dict[str, int]) -> None:
 
 # --- metadata blocks -----------------------------------------------------------------------------------
 
-def compress_meta(raw: bytes) -> bytes:
-    packed = zlib.compress(raw, LEVEL)
+def compress_meta(codec: Codec, raw: bytes) -> bytes:
+    packed = codec.pack(raw)
     if len(packed) < len(raw):
         return struct.pack("<H", len(packed)) + packed
     return struct.pack("<H", len(raw) | UNCOMPRESSED_META) + raw
@@ -201,7 +289,8 @@ def compress_meta(raw: bytes) -> bytes:
 class MetaWriter:
     """A stream of metadata cut into 8 KiB blocks, each compressed with its 2-byte header."""
 
-    def __init__(self) -> None:
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
         self.out = bytearray()
         self.pending = bytearray()
         self.starts: list[int] = []  # compressed start of each flushed block
@@ -218,7 +307,7 @@ class MetaWriter:
         self.pending += data
         while len(self.pending) >= METADATA_SIZE:
             self.starts.append(len(self.out))
-            self.out += compress_meta(bytes(self.pending[:METADATA_SIZE]))
+            self.out += compress_meta(self.codec, bytes(self.pending[:METADATA_SIZE]))
             del self.pending[:METADATA_SIZE]
 
     def block_start(self, index: int) -> int:
@@ -228,20 +317,20 @@ class MetaWriter:
     def finish(self) -> bytes:
         if self.pending:
             self.starts.append(len(self.out))
-            self.out += compress_meta(bytes(self.pending))
+            self.out += compress_meta(self.codec, bytes(self.pending))
             self.pending.clear()
         return bytes(self.out)
 
 
 # --- data blocks ---------------------------------------------------------------------------------------
 
-def compress_block(raw: bytes) -> tuple[bytes, int]:
+def compress_block(codec: Codec, raw: bytes) -> tuple[bytes, int]:
     """(the bytes stored, the block's size word): nothing and size 0 for a block of zeros (a sparse block,
     which the kernel reads as zeros; mksquashfs does the same), else compressed, or raw with bit 24 where
     compression does not make it smaller."""
     if raw.count(0) == len(raw):
         return b"", 0
-    packed = zlib.compress(raw, LEVEL)
+    packed = codec.pack(raw)
     if len(packed) < len(raw):
         return packed, len(packed)
     return raw, len(raw) | UNCOMPRESSED_BLOCK
@@ -257,8 +346,8 @@ def read_block(path: bytes, offset: int, size: int) -> bytes:
     return data
 
 
-def _compress_at(path: bytes, offset: int, size: int) -> tuple[bytes, int]:
-    return compress_block(read_block(path, offset, size))
+def _compress_at(codec: Codec, path: bytes, offset: int, size: int) -> tuple[bytes, int]:
+    return compress_block(codec, read_block(path, offset, size))
 
 
 def _hash_file(node: Node) -> str:
@@ -291,9 +380,9 @@ class DataWriter:
     """Every regular file's blocks, in inode order, each distinct content once: from the store where it
     has them, else compressed on the pool, written in order with a bounded number of blocks in flight."""
 
-    def __init__(self, out: BinaryIO, pool: ThreadPoolExecutor, workers: int, store: Optional[BlockSource],
-                 say: Callable[[str], None]):
-        self.out, self.pool, self.workers, self.store, self.say = out, pool, workers, store, say
+    def __init__(self, out: BinaryIO, pool: ThreadPoolExecutor, workers: int, codec: Codec,
+                 store: Optional[BlockSource], say: Callable[[str], None]):
+        self.out, self.pool, self.workers, self.codec, self.store, self.say = out, pool, workers, codec, store, say
         self.files: dict[str, Stored] = {}
         self.hashers: dict[str, "hashlib._Hash"] = {}
         self.counts = {"blocks_compressed": 0, "blocks_reused": 0, "files_compressed": 0, "files_reused": 0}
@@ -327,7 +416,7 @@ class DataWriter:
         size = node.st.st_size
         for i in range(-(-size // BLOCK_SIZE)):
             offset = i * BLOCK_SIZE
-            yield node, i, self.pool.submit(_compress_at, node.path, offset, min(BLOCK_SIZE, size - offset))
+            yield node, i, self.pool.submit(_compress_at, self.codec, node.path, offset, min(BLOCK_SIZE, size - offset))
 
     def _consume(self, job: tuple[Node, int, Future]) -> None:
         node, index, future = job
@@ -385,10 +474,11 @@ class DataWriter:
 class Tables:
     """The inode and directory tables and the id table, written in inode order."""
 
-    def __init__(self, mtime: Optional[int]):
+    def __init__(self, mtime: Optional[int], codec: Codec):
         self.mtime = mtime
-        self.inodes = MetaWriter()
-        self.dirs = MetaWriter()
+        self.codec = codec
+        self.inodes = MetaWriter(codec)
+        self.dirs = MetaWriter(codec)
         self.ids: dict[int, int] = {}
 
     def id_index(self, value: int) -> int:
@@ -500,9 +590,9 @@ def _write_inodes(node: Node, tables: Tables, files: dict[str, Stored], parent: 
     tables.add(node, files, parent)
 
 
-def _lookup_table(start: int, entries: bytes) -> tuple[bytes, int]:
+def _lookup_table(codec: Codec, start: int, entries: bytes) -> tuple[bytes, int]:
     """(metadata blocks of ENTRIES then the u64 list of their positions, the list's position) at START."""
-    meta = MetaWriter()
+    meta = MetaWriter(codec)
     meta.write(entries)
     blocks = meta.finish()
     positions = b"".join(struct.pack("<Q", start + s) for s in meta.starts)
@@ -511,11 +601,16 @@ def _lookup_table(start: int, entries: bytes) -> tuple[bytes, int]:
 
 # --- the image -----------------------------------------------------------------------------------------
 
-def write_image(root: Path, out_path: Path, *, mtime: Optional[int] = None, mkfs_time: int = 0,
-                store: Optional[BlockSource] = None, workers: Optional[int] = None,
-                say: Callable[[str], None] = lambda _line: None) -> WriteResult:
-    """Write ROOT as a squashfs image to OUT_PATH (replaced).  MTIME: every inode's time (mksquashfs'
-    -all-time), else each entry's own; MKFS_TIME: the superblock's.  STORE: blocks of earlier images."""
+def write_image(root: Path, out_path: Path, *, compressor: str = GZIP, level: Optional[int] = None,
+                mtime: Optional[int] = None, mkfs_time: int = 0, store: Optional[BlockSource] = None,
+                workers: Optional[int] = None, say: Callable[[str], None] = lambda _line: None) -> WriteResult:
+    """Write ROOT as a squashfs image to OUT_PATH (replaced), compressed with COMPRESSOR at LEVEL (None:
+    mksquashfs' default).  MTIME: every inode's time (mksquashfs' -all-time), else each entry's own;
+    MKFS_TIME: the superblock's.  STORE: blocks of earlier images, made with these params."""
+    comp = codec(compressor, level)
+    if store is not None and store.params != comp.params():
+        # a block made with other params would decompress wrong or differ from a fresh write: never mixed
+        raise WriterError(f"a block store of {store.params} given to a write with {comp.params()}")
     seconds: dict[str, float] = {}
     t = time.monotonic()
     rootnode, order, xattrs = scan(root)
@@ -531,17 +626,19 @@ def write_image(root: Path, out_path: Path, *, mtime: Optional[int] = None, mkfs
         t = time.monotonic()
         with open(out_path, "wb") as out:
             out.write(bytes(SUPERBLOCK.size))
-            data = DataWriter(out, pool, workers, store, say)
+            if comp.options:  # mksquashfs' place for them: an uncompressed metadata block after the superblock
+                out.write(struct.pack("<H", len(comp.options) | UNCOMPRESSED_META) + comp.options)
+            data = DataWriter(out, pool, workers, comp, store, say)
             data.write_all(files)
             data_end = out.tell()
             seconds["data"] = time.monotonic() - t
             t = time.monotonic()
-            tables = Tables(mtime)
+            tables = Tables(mtime, comp)
             _write_inodes(rootnode, tables, data.files, len(order) + 1)
             size = _write_tables(out, tables, rootnode, len(order), mkfs_time, data_end)
     data._progress(force=True)
     seconds["tables"] = time.monotonic() - t
-    return WriteResult(size=size, inodes=len(order), data_end=data_end, files=data.files,
+    return WriteResult(size=size, inodes=len(order), data_end=data_end, files=data.files, params=comp.params(),
                        xattrs_dropped=dict(sorted(xattrs.items())), seconds=seconds, **data.counts)
 
 
@@ -553,15 +650,15 @@ def _write_tables(out: BinaryIO, tables: Tables, rootnode: Node, inodes: int, mk
     dir_start = inode_start + len(inode_table)
     frag_start = dir_start + len(dir_table)  # no fragments: where their (empty) table would be
     ids = b"".join(struct.pack("<I", value) for value in tables.ids)
-    id_blob, id_start = _lookup_table(frag_start, ids)
+    id_blob, id_start = _lookup_table(tables.codec, frag_start, ids)
     bytes_used = frag_start + len(id_blob)
     out.write(inode_table)
     out.write(dir_table)
     out.write(id_blob)
     out.write(bytes(-bytes_used % PAD))
-    flags = FLAG_NO_FRAGMENTS | FLAG_DUPLICATES | FLAG_NO_XATTRS
+    flags = FLAG_NO_FRAGMENTS | FLAG_DUPLICATES | FLAG_NO_XATTRS | (FLAG_COMP_OPT if tables.codec.options else 0)
     out.seek(0)
-    out.write(SUPERBLOCK.pack(0x73717368, inodes, mkfs_time, BLOCK_SIZE, 0, GZIP_ID, BLOCK_LOG, flags,
+    out.write(SUPERBLOCK.pack(0x73717368, inodes, mkfs_time, BLOCK_SIZE, 0, tables.codec.ident, BLOCK_LOG, flags,
                               len(tables.ids), 4, 0, rootnode.ref, bytes_used, id_start, INVALID, inode_start,
                               dir_start, frag_start, INVALID))
     return bytes_used + (-bytes_used % PAD)

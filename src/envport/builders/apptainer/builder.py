@@ -9,10 +9,10 @@
    laid down (singularity_d.prepare_rootfs), `%files` copied and `%post` run
    under `/bin/sh -ex` in a bwrap sandbox that dies with envport
    (post_runner.py), the metadata written after %post (finish_rootfs),
-   the squashfs written by envport's own writer (sif/squashfs_writer.py: gzip as
-   apptainer's default, no fragments, the blocks of files an earlier build
-   compressed reused from the phase cache's packs, sif/squash_blocks.py), or by
-   mksquashfs for another compressor a site chooses, and the SIF assembled (engines/sif.write_sif):
+   the squashfs written by envport's own writer (sif/squashfs_writer.py: gzip,
+   apptainer's default, or zstd, no fragments, the blocks of files an earlier
+   build compressed reused from the phase cache's packs, sif/squash_blocks.py),
+   or by mksquashfs for another compressor a site chooses (lz4, xz, lzo, lzma), and the SIF assembled (engines/sif.write_sif):
    Def.FILE, JSON.Generic `inspect-metadata.json` read back from the finished
    tree, JSON.Generic `envport-spec.json` (the resolved spec, so `envport
    inspect` can diff it), the primary squashfs partition, and the SBOM object
@@ -496,12 +496,13 @@ class SifBuild:
                                 "ignored_labels": list(finished.ignored_labels)})
 
     def _squash(self, rootfs: Path, squashfs: Path, comp: str) -> Optional[StepResult]:
-        """ROOTFS as the squashfs SQUASHFS: envport's writer for gzip (blocks of files an earlier build
-        compressed are reused), mksquashfs for a compressor the writer does not write; a FAILED result or None."""
+        """ROOTFS as the squashfs SQUASHFS: envport's writer for gzip and zstd (blocks of files an earlier
+        build compressed are reused), mksquashfs for a compressor the writer does not write; a FAILED result
+        or None."""
         t = time.monotonic()
-        if comp != squashfs_writer.COMPRESSOR:
+        if comp not in squashfs_writer.COMPRESSORS:
             self.say(f"mksquashfs -noappend -comp {comp} ({_tree_size(rootfs)}; envport's own writer, which "
-                     f"reuses unchanged files' blocks, writes {squashfs_writer.COMPRESSOR} only)")
+                     f"reuses unchanged files' blocks, writes {' and '.join(squashfs_writer.COMPRESSORS)} only)")
             from envport.builders.apptainer.squash_progress import run_mksquashfs
 
             # Every time in the image is the build's (-all-time: files, -mkfs-time: the superblock), so the
@@ -514,12 +515,17 @@ class SifBuild:
                 return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
                                   lines=tail(out))
             return None
-        cache, store = self._block_store()
-        self.say(f"squashfs: envport's writer, gzip, no fragments ({_tree_size(rootfs)}; "
+        try:
+            codec = squashfs_writer.codec(comp)
+        except squashfs_writer.WriterError as exc:
+            return StepResult(self.step, Verdict.FAILED, f"the squashfs of {rootfs} could not be written: {exc}; "
+                              "no SIF was written")
+        cache, store = self._block_store(codec.params())
+        self.say(f"squashfs: envport's writer, {codec.describe()}, no fragments ({_tree_size(rootfs)}; "
                  f"{len(store.index) if store else 0} files' blocks kept by earlier builds)")
         try:
-            result = squashfs_writer.write_image(rootfs, squashfs, mtime=self.created, mkfs_time=self.created,
-                                                 store=store, say=self.say)
+            result = squashfs_writer.write_image(rootfs, squashfs, compressor=comp, mtime=self.created,
+                                                 mkfs_time=self.created, store=store, say=self.say)
         except (squashfs_writer.WriterError, OSError) as exc:
             return StepResult(self.step, Verdict.FAILED, f"the squashfs of {rootfs} could not be written: {exc}; "
                               "no SIF was written")
@@ -542,8 +548,9 @@ class SifBuild:
             self.timings["squashfs_pack"] = time.monotonic() - t
         return None
 
-    def _block_store(self):
-        """(the phase cache, a store of its block packs), or (None, None) when the cache is off."""
+    def _block_store(self, params: dict):
+        """(the phase cache, a store of its block packs made with PARAMS), or (None, None) when the cache is
+        off."""
         from envport.builders.apptainer.phase_cache import CacheSettingError
 
         try:
@@ -553,7 +560,7 @@ class SifBuild:
             return None, None
         if cache is None:
             return None, None
-        return cache, BlockStore(cache.packs(), self.say)
+        return cache, BlockStore(cache.packs(), params, self.say)
 
     def _reproducibility_labels(self) -> dict[str, str]:
         """Where the image's times come from and which writer wrote its squashfs (another writer or version
@@ -589,10 +596,13 @@ def source_date(hash_: str) -> tuple[int, str]:
 
 def squashfs_writer_label(comp: str) -> str:
     """Which writer and version makes the partition of a build with compressor COMP."""
-    if comp == squashfs_writer.COMPRESSOR:
-        p = squashfs_writer.params()
-        return (f"envport {__version__} squashfs_writer ({p['compressor']} level {p['level']}, zlib {p['zlib']}, "
-                f"{p['block_size'] >> 10} KiB blocks, no fragments)")
+    if comp in squashfs_writer.COMPRESSORS:
+        try:
+            words = squashfs_writer.codec(comp).describe()
+        except squashfs_writer.WriterError as exc:
+            words = f"{comp}: {exc}"  # never in a SIF: the squashfs step fails on the same error
+        return (f"envport {__version__} squashfs_writer ({words}, {squashfs_writer.BLOCK_SIZE >> 10} KiB blocks, "
+                "no fragments)")
     return f"mksquashfs {mksquashfs_version()} (-comp {comp})"
 
 
