@@ -66,7 +66,7 @@ def test_a_podman_pair_on_a_local_base_finds_it_in_the_runner_users_store(base_i
                if r["target"] == "podman" and r["local-base"])
     steps = data["jobs"]["up"]["steps"]
     base_step = next(i for i, s in enumerate(steps) if "envport base " in s.get("run", ""))
-    up_step = next(i for i, s in enumerate(steps) if 'envport "$@"' in s.get("run", ""))
+    up_step = next(i for i, s in enumerate(steps) if s.get("name") == "envport up")
     between = [s for s in steps[base_step + 1:up_step] if "run" in s and _runs(s.get("if", ""), row)]
     assert between, f"no step puts {base_image} where podman finds it for {row['pair']}"
     check = f"podman image exists {base_image}"

@@ -75,14 +75,14 @@ def rows(loaded_specs: list, site) -> list[dict]:
         # A container target builds FROM the base image; a host target (venv, conda) runs on the runner itself.
         local_base = not target.hosts and base_of(loaded, site, up_target).image.startswith("envport/")
         out.append({"pair": p.key, "env": p.env, "target": up_target, "host": p.host or "",
-                    "local-base": local_base, "sif-builder": sif_builder(up_target, gpus),
+                    "local-base": local_base, "sif-builder": sif_builder(target, gpus),
                     "runner": gpu_runner(gpus) if gpus > 0 else [CPU_RUNNER]})
     return out
 
 
-def sif_builder(target: str, gpus: int) -> str:
-    """The row's `sif-builder` ("" for a target that builds no SIF)."""
-    if target != "apptainer":
+def sif_builder(target, gpus: int) -> str:
+    """The row's `sif-builder` ("" for a Target that builds no SIF)."""
+    if not target.signs:
         return ""
     return APPTAINER_SIF_BUILDER if gpus > 0 else OWN_SIF_BUILDER
 
@@ -150,19 +150,16 @@ def _host_refusal(pair, site) -> RefusedPair | None:
 
 
 def _hosted_refusal(pair, gpus: int) -> RefusedPair | None:
-    """A conda pair on a hosted runner: its job would use the runner's own $CONDA and the channels that conda
-    reaches; the project's faithful-runner test (tests/test_workflow_run.py) plays every other job kind of
-    this workflow as a hosted runner runs it, but no conda channel is reachable where envport is tested, so
-    the workflow does not emit a job never seen to pass there. A GPU spec's conda pair runs on a self-hosted
-    runner (its admin's conda) and stays."""
+    """A pair on a hosted runner whose job kind the project's faithful-runner test (tests/test_workflow_run.py)
+    cannot play (the Target's hosted_job_unplayed: conda's): the workflow does not emit a job never seen to
+    pass there. A GPU spec's pair runs on a self-hosted runner (its admin's tools) and stays."""
     from envport.targets.registry import row_target
 
-    if gpus > 0 or row_target(pair.target).name != "conda":
+    why = row_target(pair.target).hosted_job_unplayed
+    if gpus > 0 or not why:
         return None
-    return RefusedPair(pair.key, UNVERIFIED_REASON, "a conda job on a hosted ubuntu-24.04 runner (its own $CONDA "
-                       "and channels) is not played by envport's faithful-runner test, which every emitted "
-                       "hosted job passes; run this pair with `envport matrix --run` (or `--run --slurm CLUSTER`) "
-                       "on a host with conda, or on a self-hosted runner")
+    return RefusedPair(pair.key, UNVERIFIED_REASON, f"{why}; run this pair with `envport matrix --run` (or "
+                       "`--run --slurm CLUSTER`) on a host that has what it needs, or on a self-hosted runner")
 
 
 def _template():

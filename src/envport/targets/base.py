@@ -189,6 +189,9 @@ class Target(ABC):
     # Pairs holding the same lock run one at a time in `matrix --run` (two docker builds share one engine).
     engine_lock: ClassVar[Optional[str]] = None
     signs: ClassVar[bool] = False  # its build makes a SIF that `build --sign` signs
+    # Why a hosted CI runner's job for this target is not generated ("" when it is): the generated workflow
+    # emits only the job kinds the project's faithful-runner test plays (report/workflow.py, issue 38).
+    hosted_job_unplayed: ClassVar[str] = ""
     # Its build replaces the env of another hash at the same place (a venv, a conda env), and says which
     # (StepResult data `replaced`); an image or SIF of a new hash is made beside the old ones instead.
     replaces_in_place: ClassVar[bool] = False

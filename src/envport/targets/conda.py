@@ -16,6 +16,9 @@ class Conda(HostTarget):
     name = "conda"
     summary = "a conda env made by micromamba, mamba or conda from images/<name>/setup-conda.sh, here or on an SSH host"
     probe_env_keys = ("PATH", "HOME", "LANG")
+    hosted_job_unplayed = ("a conda job on a hosted ubuntu-24.04 runner (its own $CONDA and channels) is not played "
+                           "by envport's faithful-runner test, which every emitted hosted job passes (no conda "
+                           "channel is reachable where envport is tested)")
     unsupported = {
         WITNESS: "envport has no witness launcher for a conda env yet (verify checks its contents; "
                  "the witnesses run in docker, venv and apptainer envs)",
