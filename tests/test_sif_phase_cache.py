@@ -18,8 +18,10 @@ holds both halves of a rebuild's saving: each phase's tree, and the compressed b
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +32,7 @@ import pytest
 
 from envport.builders.apptainer.phase_cache import BLOCKS_KIND, PhaseCache
 from envport.plan.lock import sha256_file
+from envport.sif.gate import gate
 from envport.sif.compare import manifest_diff, manifest_digest, tree_manifest, unpack_partition
 
 from .sif_fixtures import SIF_TIMEOUT, require_sif_tools, sif_env
@@ -131,6 +134,12 @@ def test_random_phase_edits_through_the_cache_equal_a_build_from_nothing(cold, c
         raise AssertionError(f"seed {SEED}, edits {done}: the cached build differs from one from nothing: "
                              f"{rebuilt}\n{proc.stderr[-3000:]}")
     assert out["sha256"] == out["rebuilt_sha256"] == sha256_file(built["sif"])
+    # which writer made the partition is in the labels: another writer or version writes other bytes
+    offset = gate(Path(built["sif"])).partition.offset
+    labels = json.loads(subprocess.run(["unsquashfs", "-o", str(offset), "-cat", built["sif"],
+                                        ".singularity.d/labels.json"], capture_output=True, check=True).stdout)
+    assert re.fullmatch(r"envport \S+ squashfs_writer \(zstd level 15, zstandard \S+, libzstd \S+, 128 KiB "
+                        r"blocks, no fragments\)", labels["envport.squashfs"]), labels
 
 
 def test_a_killed_build_leaves_no_usable_entry(cold, cache_dir, tmp_path):

@@ -22,7 +22,6 @@ import ctypes.util
 import hashlib
 import json
 import os
-import re
 import shutil
 import socket
 import stat
@@ -311,51 +310,3 @@ def test_a_damaged_pack_is_named_and_not_used(tree, tmp_path):
     assert again.read_bytes() == image.read_bytes()
     assert list(store.bad) == [pack] and any(str(pack) in line and "damaged" in line for line in said)
     assert stats.files_compressed >= 1  # the damaged file and every one asked after it: compressed afresh
-
-
-@pytest.mark.parametrize("compressor,label", [("gzip", r"gzip level 9, zlib \S+")], ids=["gzip"])
-def test_the_builder_squashes_with_the_writer_and_an_edit_compresses_only_what_changed(base_image, tmp_path,
-                                                                                      compressor, label):
-    """tiny-sif with gzip (apptainer's default; zstd, the project site's, is tests/test_sif_phase_cache.py's)
-    through one phase cache: a cold build; its first pip phase edited (six 1.16 -> 1.17: a handful of files
-    change), built through the cache, reuses the rest of the blocks; `envport rebuild-check` of that SIF
-    rebuilds it from nothing (cache off, every block compressed) and gets the same bytes; the label names
-    the writer."""
-    from envport.plan.lock import sha256_file
-
-    from .sif_fixtures import SIF_TIMEOUT, require_sif_tools, sif_env
-    from .support import as_json, copy_project, fail_with, run_envport, write_site, write_spec
-
-    require_sif_tools()
-    root = copy_project(tmp_path / "project")
-    site = write_site(root, f"sif-{compressor}", apptainer={"compression": compressor})
-    env = sif_env(ENVPORT_SIF_PHASE_CACHE=str(tmp_path / "cache"))
-
-    def build() -> dict:
-        proc = run_envport("build", "tiny-sif", "--target", "apptainer", "--site", site, "--rebuild", "--json",
-                           root=root, env=env, timeout=SIF_TIMEOUT)
-        assert proc.returncode == 0, fail_with(proc, "envport build tiny-sif")
-        return as_json(proc)["steps"][-1]["data"]
-
-    write_spec(root, "tiny-sif", pip_phases=[["six==1.16.0"]])
-    cold = build()
-    assert cold["squashfs"]["blocks_reused"] == 0 and cold["squashfs"]["blocks_compressed"] > 1000
-    write_spec(root, "tiny-sif", pip_phases=[["six==1.17.0"]])
-    edited = build()
-    squashed = edited["squashfs"]
-    assert 0 < squashed["blocks_compressed"] < squashed["blocks_reused"] / 50, squashed
-    proc = run_envport("rebuild-check", edited["sif"], "--json", root=root, env=sif_env(), timeout=SIF_TIMEOUT)
-    out = as_json(proc)
-    assert proc.returncode == 0, fail_with(proc, "envport rebuild-check")
-    assert out["sha256"] == out["rebuilt_sha256"] == sha256_file(edited["sif"])
-    labels = json.loads(subprocess.run(["unsquashfs", "-o", str(_partition_offset(edited["sif"])), "-cat",
-                                        edited["sif"], ".singularity.d/labels.json"], capture_output=True,
-                                       check=True).stdout)
-    assert re.fullmatch(rf"envport \S+ squashfs_writer \({label}, 128 KiB blocks, no fragments\)",
-                        labels["envport.squashfs"]), labels
-
-
-def _partition_offset(sif: str) -> int:
-    from envport.sif.gate import gate
-
-    return gate(Path(sif)).partition.offset
