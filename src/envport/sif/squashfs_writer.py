@@ -72,6 +72,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Optional, Protocol
 
+from envport.plan.lock import sha256_file
+
 BLOCK_SIZE = 1 << 17
 BLOCK_LOG = 17
 METADATA_SIZE = 8192
@@ -350,18 +352,10 @@ def _compress_at(codec: Codec, path: bytes, offset: int, size: int) -> tuple[byt
     return compress_block(codec, read_block(path, offset, size))
 
 
-def _hash_file(node: Node) -> str:
-    digest = hashlib.sha256()
-    with open(node.path, "rb", buffering=0) as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _hash_all(files: list[Node], pool: ThreadPoolExecutor, say: Callable[[str], None]) -> None:
     """Every file's content sha256 (what the store is asked by), on the pool, saying progress every TICK_S."""
     started = last = time.monotonic()
-    futures = [pool.submit(_hash_file, node) for node in files]
+    futures = [pool.submit(sha256_file, node.path) for node in files]
     for done, (node, future) in enumerate(zip(files, futures)):
         while True:
             try:
