@@ -155,6 +155,7 @@ def test_gc_removes_old_images_and_keeps_current_held_recent_busy_and_foreign(pr
     assert {k for k, v in _actions(out).items() if v == "removed"} == {held[:12], recent[:12], busy[:12]}
     assert out["freed_bytes"] >= 3 << 20
     assert _tags(docker_client, name) == {f"envport/{name}:{cur[:12]}", foreign}
+    docker_client.images.remove(foreign, force=True)   # not envport's: the throwaway fixture's label misses it
 
 
 # --- apptainer: real SIFs -------------------------------------------------------------------------------

@@ -188,9 +188,10 @@ def test_witnesses_by_podman_run(tiny):
     assert {r["step"].split()[0] for r in results} >= {"import", "cli"}, results
 
 
-def test_parity_probe_reads_the_same_freeze_as_docker(tiny, docker_client, base_image):
+def test_parity_probe_reads_the_same_freeze_as_docker(tiny, docker_client, base_image, throwaway_images):
     """The podman image and a docker build of the same spec and site: the same hash, the same probe output."""
     project, name, results, _ = tiny
+    throwaway_images.append(name)   # the docker build's image (the podman one lives in the user's store)
     from envport.report import parity
 
     from .support import run_envport

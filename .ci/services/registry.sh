@@ -43,6 +43,9 @@ if [[ -f "$dir/ca.crt" ]] && works; then
     exit 0
 fi
 
+# The storage holds only what tests pushed (unique names, never read by a later run): a fresh start empties
+# it, or a test host's disk fills run after run (18 GB of old pushes once made a CI run fail `disk_low`).
+rm -rf "$dir/storage"
 mkdir -p "$dir/storage"
 if [[ ! -f "$dir/ca.crt" || ! -f "$dir/ca.key" ]]; then
     openssl req -x509 -newkey rsa:3072 -nodes -days 3650 -subj "/CN=envport test registry CA" \
