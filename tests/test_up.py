@@ -93,6 +93,36 @@ def test_up_apptainer_from_nothing_then_everything_present(project, tmp_path, ba
     seen = first["weights"]
     assert seen and seen[0]["read_only"] is True and "$DEMO_WEIGHTS=/weights/tiny" in seen[0]["detail"], seen
 
+    # --attest: the verify step's and the witness step's runs, one signed statement each, in the SIF.
+    from envport.sif.provenance.statement import WITNESS_PREDICATE
+
+    from .test_sif_sign import new_key
+
+    (tmp_path / "keys").mkdir()
+    priv, pub = new_key(tmp_path / "keys", "ed25519")
+    proc = run_envport("up", name, "--target", "apptainer", "--attest", str(priv), "--json", root=project, env=env,
+                       timeout=900)
+    out = as_json(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    steps = {s["step"]: s for s in out["steps"]}
+    for step in ("verify", "witness"):
+        assert steps[step]["verdict"] == "OK" and "; attested: " in steps[step]["detail"], steps[step]
+        assert steps[step]["data"]["attested"]["verdict"] == "OK", steps[step]
+    inspected = as_json(run_envport("inspect", str(sif), "--key", str(pub), "--json", root=project, env=env,
+                                    timeout=300))
+    witnessed = [s for s in inspected["statements"] if s["predicate_type"] == WITNESS_PREDICATE]
+    assert len(witnessed) == 2 and all(s["verdict"] == "trusted" for s in witnessed), inspected["statements"]
+    assert any(s["witnessed"].get("imports") is True for s in witnessed), witnessed
+
+
+def test_up_attest_is_for_a_sif_target_and_said_before_anything_runs(project, tmp_path):
+    priv = tmp_path / "key.pem"
+    priv.write_text("not a key")
+    proc = run_envport("up", "demo-cpu", "--target", "venv", "--attest", str(priv), root=project,
+                       env=cli_env(ENVPORT_ENVS_DIR=str(tmp_path / "envs")), timeout=120)
+    assert proc.returncode == 2 and "--attest is for --target apptainer" in proc.stderr, proc.stdout + proc.stderr
+    assert not (tmp_path / "envs").exists()   # refused before the preflight, nothing built
+
 
 def test_up_docker_gated_weight_read_only_and_the_token_nowhere(project, tmp_path, docker_client, base_image,
                                                                  throwaway_images):

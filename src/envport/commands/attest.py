@@ -110,19 +110,12 @@ def load_keys_early(key_file: str) -> None:
     load_signers([key_file])
 
 
-def utc_now():
-    """Now, in UTC: a witness statement's startedOn (taken before the run) and finishedOn."""
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
-
-
 def witness_attest_step(sif: str, key_file: str, *, env: str, env_hash: str, target: str, launcher: str, steps,
                         verdict: str, started):
     """The statement of a witness (or verify) run that began at STARTED (utc_now) and ends now: every step in
     STEPS, attested about the partition the run's gate judged and mounted (sif/gate.py keeps that open file for
     the process), not the path read again."""
-    from envport.sif.provenance.witness import predicate
+    from envport.sif.provenance.witness import predicate, utc_now
     from envport.sif.format import SifError
     from envport.sif.gate import TrustRefused, gate
 

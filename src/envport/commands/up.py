@@ -12,6 +12,7 @@ import sys
 import time
 
 from envport.commands._common import load_one, lock_gate, project_root
+from envport.commands.attest import add_attest_arg
 from envport.targets.registry import get, hosted, names
 
 TARGETS = names()
@@ -44,6 +45,7 @@ def register(sub) -> None:
                    "another hash). Without it a lock that does not fit is REFUSED at the build step")
     p.add_argument("--rerun-docs", action="store_true",
                    help="witness: run the docs level even where this env passed those docs' bytes before")
+    add_attest_arg(p, "the verify step's and the witness step's runs (one statement each)")
     p.add_argument("--json", action="store_true", help="print the steps as JSON")
     p.set_defaults(func=run)
 
@@ -57,6 +59,9 @@ def run(args) -> int:
     from envport.recipe.identity import resolve
     from envport.report import ledger
 
+    from envport.commands.attest import require_sif_target
+
+    require_sif_target(args, "up")
     root = project_root(args)
     loaded = load_one(args, args.spec)
     site, lock_refused, lock_fact = lock_gate(args.no_lock, loaded, load_site(args.site, root))
@@ -64,7 +69,8 @@ def run(args) -> int:
     up = Up(loaded, site, root, identity, get(args.target), weights.weights_root(args.weights_root), ledger.record,
             host=args.host, site_name=args.site, remember=args.spec == loaded.spec.name and not args.no_lock,
             lock_refused=lock_refused, lock_fact=lock_fact, min_free_gb=args.min_free_gb,
-            deadline_s=args.deadline, rerun_docs=args.rerun_docs, progress=stderr_progress)
+            deadline_s=args.deadline, rerun_docs=args.rerun_docs, progress=stderr_progress,
+            attest=_attester(args, loaded.spec.name, identity.hash))
     start = time.monotonic()
     results = run_up(up)
     code = exit_code(results)
@@ -85,6 +91,17 @@ def run(args) -> int:
     print(f"{summary.verdict.value} {identity.ref} --target {args.target} (exit {code}, "
           f"{summary.seconds:.1f}s)")
     return code
+
+
+def _attester(args, name: str, hash_: str):
+    """--attest: a run's statement written with the key, about this env (flow/up.py `attested` calls it)."""
+    if not args.attest:
+        return None
+    from functools import partial
+
+    from envport.commands.attest import witness_attest_step
+
+    return partial(witness_attest_step, key_file=args.attest, env=name, env_hash=hash_, target=args.target)
 
 
 def _compact(r) -> dict:

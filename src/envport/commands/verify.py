@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg, project_root
-from envport.commands.attest import add_attest_arg, utc_now
+from envport.commands.attest import add_attest_arg
+from envport.sif.provenance.witness import VERIFY_LAUNCHER, utc_now
 from envport.targets.base import VERIFY
 from envport.targets.registry import get, hosted, names
 
@@ -99,7 +100,7 @@ def _attest(args, site, root, loaded, identity, result, started):
 
     sif = str(Path(args.sif).resolve()) if args.sif else str(get(args.target).built_file(site, root, identity))
     return witness_attest_step(sif, args.attest, env=loaded.spec.name, env_hash=identity.hash, target=args.target,
-                               launcher="verify (testinfra against the SIF)", steps=[result],
+                               launcher=VERIFY_LAUNCHER, steps=[result],
                                verdict=result.verdict.value, started=started)
 
 

@@ -9,7 +9,8 @@ import sys
 import time
 
 from envport.commands._common import add_embedded_spec_arg, add_no_lock_arg
-from envport.commands.attest import add_attest_arg, utc_now
+from envport.commands.attest import add_attest_arg
+from envport.sif.provenance.witness import utc_now
 from envport.core.verdict import StepResult
 from envport.targets.base import WITNESS, launcher_for
 from envport.targets.registry import get, names

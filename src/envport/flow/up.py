@@ -44,6 +44,9 @@ class Up:
     deadline_s: float = 300.0
     rerun_docs: bool = False  # run the docs level even where this env and doc passed before
     progress: Progress = quiet
+    # --attest: (sif, launcher=, steps=, verdict=, started=) -> the StepResult of writing that run's signed
+    # statement into the SIF (commands/attest.py witness_attest_step with the key and env bound in)
+    attest: Optional[Callable[..., StepResult]] = None
 
     def recorded(self, kind: str, result: StepResult, **facts) -> None:
         self.record(self.root, self.loaded.spec, kind=kind, target=self.target.name, hash_=self.identity.hash,
@@ -142,14 +145,19 @@ def weights(up: Up) -> StepResult:
 
 
 def verify(up: Up) -> StepResult:
+    from envport.sif.provenance.witness import VERIFY_LAUNCHER, utc_now
+
     if not up.target.supports(VERIFY):
         return up.target.refuse(VERIFY).result("verify", Verdict.SKIPPED)
+    started = utc_now()
     r = up.target.verify(VerifyRequest(up.loaded, up.site, up.root, host=up.host, progress=up.progress))
     up.recorded("verify", r)
-    return as_step("verify", r)
+    sif = str(up.target.built_file(up.site, up.root, up.identity)) if up.attest else ""
+    return attested(up, as_step("verify", r), sif, VERIFY_LAUNCHER, [r], started)
 
 
 def witness(up: Up) -> StepResult:
+    from envport.sif.provenance.witness import utc_now
     from envport.witness.judge import overall
     from envport.witness.plan import WitnessOptions
     from envport.witness.run import run_witnesses
@@ -164,7 +172,7 @@ def witness(up: Up) -> StepResult:
                               rerun=up.rerun_docs, ssh_host=up.host, ledger_dir=getattr(up.site, "ledger_dir", None))
     launcher, facts = launcher_for(up.target, up.loaded, up.site, up.identity, opts, host=up.host)
     opts.on_step = lambda r: up.progress(f"envport: [witness] {r.line()}")
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), utc_now()
     steps = run_witnesses(up.loaded.spec, launcher, opts)
     result = overall(steps, time.monotonic() - t0)
     up.recorded("witness", result, launcher=launcher.describe(), sm_range=up.loaded.spec.sm_range, **facts)
@@ -175,4 +183,22 @@ def witness(up: Up) -> StepResult:
     r.data = {"witness_checks": len(steps), "docs": [s.to_dict() for s in steps if s.step.startswith("docs ")],
               "weights": [{"step": s.step, "detail": s.detail, **s.data} for s in weight_steps],
               "launcher": launcher.describe()}
+    return attested(up, r, facts.get("sif", ""), launcher.describe(), steps, started)
+
+
+def attested(up: Up, r: StepResult, sif: str, launcher: str, steps: list, started) -> StepResult:
+    """R; with --attest, the signed statement of its run (failed checks included, as `witness --attest`
+    writes) added to SIF and said in R's detail and data. A statement that could not be written makes an ok
+    step not ok: `up --attest` promised one, and an admin's `require_witnessed` gate would refuse the SIF."""
+    if up.attest is None:
+        return r
+    a = up.attest(sif, launcher=launcher, steps=steps, verdict=r.verdict.value, started=started)
+    r.data["attested"] = a.to_dict()
+    if a.verdict.ok:
+        r.detail = f"{r.detail}; attested: {a.detail}"
+    elif r.verdict.ok:
+        r.verdict, r.reason = a.verdict, a.reason
+        r.detail = f"{r.detail}; its statement was not written: {a.detail}"
+    else:
+        r.detail = f"{r.detail}; its statement was not written either: {a.detail}"
     return r

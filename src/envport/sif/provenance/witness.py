@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import platform
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Optional
 
 from envport.sif.provenance.slsa import rfc3339
 
 SCHEMA_FILE = "witness-predicate.schema.json"  # under docs/
+# The launcher a verification's statement names (`verify --attest`, `up --attest`'s verify step).
+VERIFY_LAUNCHER = "verify (testinfra against the SIF)"
 # A step's first word -> the check (witness/checks.py CHECKS) it reports for.
 STEP_CHECKS = {"python": "python", "import": "imports", "cli": "cli", "weight": "weights", "kernel": "kernel",
                "collectives": "collectives", "dtensor": "dtensor", "doc": "docs", "docs": "docs"}
 _WORLD = re.compile(r"\((?:world|mesh) ([0-9x]+)")
+
+
+def utc_now() -> datetime:
+    """Now, in UTC: a statement's startedOn (taken before the run) and finishedOn."""
+    return datetime.now(timezone.utc)
 
 
 def check_of(step: str) -> str:
