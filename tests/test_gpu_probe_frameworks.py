@@ -122,6 +122,41 @@ def test_witness_run_with_a_cpu_torch_and_a_gpu_jax_is_not_refused(stub_jax):
     assert results["import json"].verdict is Verdict.OK
 
 
+def test_a_witness_statement_names_the_card_its_capability_and_the_driver(monkeypatch, tmp_path, stub_jax):
+    """Issue 41's "the GPUs seen (model, capability, driver)": the fake nvidia-smi (driver 580.95.05) counts one
+    H200 here and the stub JAX lists it; the statement's `gpus` is that card, not only a count."""
+    import json
+    import os
+    from datetime import datetime, timezone
+
+    import jsonschema
+
+    from envport.sif.provenance.witness import predicate
+
+    from .support import REPO
+
+    fake_nvidia_smi(tmp_path / "bin", [dict(H200)])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    monkeypatch.setenv("PATH", path_with(tmp_path / "bin"))
+    launcher = LocalLauncher(torch_python(), base_env={**env, "PYTHONPATH": str(stub_jax)})
+    steps = run_witnesses(_gpu_spec(), launcher, WitnessOptions())
+    census = next(r for r in steps if r.step == "gpus").data["census"]
+    assert (census["nvidia_smi"], census["driver"]) == (1, "580.95.05"), census
+    when = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    pred = predicate(env="cpu-torch-gpu-jax", env_hash="0" * 64, target="venv", launcher="local", steps=steps,
+                     verdict="OK", started=when, finished=when)
+    assert pred["gpus"] == [{"index": 0, "model": "NVIDIA H200 (stub)", "capability": "9.0", "driver": "580.95.05",
+                             "seenBy": "jax"}]
+    jsonschema.validate(pred, json.loads((REPO / "docs" / "witness-predicate.schema.json").read_text()))
+
+    # No GPU counted and none listed (the real CPU torch, no JAX, nvidia-smi says 0): no entry at all.
+    bare = LocalLauncher(torch_python(), base_env=env)
+    none = run_witnesses(Spec(name="cpu", base="debian:bookworm", python=_gpu_spec().python,
+                              witnesses={"imports": ["json"]}), bare, WitnessOptions(host_gpus=0))
+    assert predicate(env="cpu", env_hash="0" * 64, target="venv", launcher="local", steps=none, verdict="OK",
+                     started=when, finished=when)["gpus"] == []
+
+
 def test_doctor_env_does_not_refuse_a_cpu_torch_pin_beside_jax():
     from envport.report.doctor import check_env, env_arch
 

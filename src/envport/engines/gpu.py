@@ -150,12 +150,16 @@ def topology_pairs(text: Optional[str]) -> list[dict]:
     return pairs
 
 
-def gpu_count() -> Optional[int]:
-    """GPUs nvidia-smi lists; None where there is no nvidia-smi or it did not answer."""
-    inv = gpu_inventory()
+def smi_count(inv: dict) -> Optional[int]:
+    """GPUs gpu_inventory()'s answer INV lists; None where there is no nvidia-smi or it did not answer."""
     if inv["nvidia_smi"] is None or (inv["error"] and not inv["gpus"]):
         return None
     return len(inv["gpus"])
+
+
+def gpu_count() -> Optional[int]:
+    """GPUs nvidia-smi lists here; None where there is no nvidia-smi or it did not answer."""
+    return smi_count(gpu_inventory())
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,10 @@ class GpuCensus:
     where: str = "this host"  # or "the Slurm allocation (gres gpu:4)"
     # A provider's accelerator is not always torch's: a CPU-only torch can sit beside a JAX that drives the card.
     jax: Optional[int] = None
+    # The cards the judging framework listed ({index, name, capability, seen_by}) and nvidia-smi's driver
+    # version: what a witness statement says it ran on (model, capability, driver), not only how many.
+    devices: tuple = ()
+    driver: Optional[str] = None
 
     @property
     def count(self) -> int:
@@ -195,8 +203,10 @@ class GpuCensus:
 
     def to_dict(self) -> dict:
         jax = {} if self.jax is None else {"jax": self.jax}  # only where JAX is installed: the torch shape stays
+        seen = {"devices": [dict(d) for d in self.devices]} if self.devices else {}
+        driver = {"driver": self.driver} if self.driver else {}
         return {"nvidia_smi": self.smi, "torch": self.torch, **jax, "count": self.count, "where": self.where,
-                "note": self.note}
+                "note": self.note, **seen, **driver}
 
 
 def census_from_gres(gres: Optional[str]) -> GpuCensus:

@@ -36,7 +36,7 @@ from envport.core.finding import Finding
 from envport.core.proc import run
 from envport.core.verdict import Verdict
 from envport.engines.docker import engine_finding
-from envport.engines.gpu import GpuCensus, gpu_inventory, judge_gpus, topology, topology_pairs
+from envport.engines.gpu import GpuCensus, gpu_inventory, judge_gpus, smi_count, topology, topology_pairs
 from envport.witness.scripts.envport_sentinel import HARDENING_ENV, WITNESS_ENV
 from envport.core.arch import (
     driver_check,
@@ -299,8 +299,7 @@ def collect(python: Optional[str] = None, workdir: Optional[Path] = None, probe_
     if "triton" in frameworks:
         frameworks["triton"]["compile"] = triton_probe(python)
     torch_seen = len(torch_info.get("devices") or []) if torch_info.get("available") else None
-    census = GpuCensus(None if inv["nvidia_smi"] is None or (inv["error"] and not inv["gpus"]) else len(inv["gpus"]),
-                       torch_seen, jax=len(jax_gpus(frameworks)) if "jax" in frameworks else None)
+    census = GpuCensus(smi_count(inv), torch_seen, jax=len(jax_gpus(frameworks)) if "jax" in frameworks else None)
     # GPUs torch sees that nvidia-smi does not list (a sandbox) count as free: nothing says otherwise.
     free = len([g for g in inv["gpus"] if not g["in_use"]]) + max(0, census.count - len(inv["gpus"]))
     driver = driver_check(inv["driver"], inv["cuda_driver"], torch_info.get("cuda"))

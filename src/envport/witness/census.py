@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from envport.core.verdict import StepResult, Verdict
 from envport.engines.gpu import GpuCensus
@@ -18,17 +18,36 @@ def host_gpu_count() -> int:
     return gpu_count() or 0
 
 
-def _env_gpus(launcher, env: dict, opts: WitnessOptions) -> tuple[Optional[int], Optional[int], list[str]]:
-    """(GPUs the env's torch sees, GPUs its JAX sees, the words behind them, each line saying which framework
-    it is from); None where one did not answer (or JAX is not installed)."""
+class EnvGpus(NamedTuple):
+    """What the env's own frameworks said: torch's count and JAX's (None: did not answer / not installed), the
+    cards the judging one listed (index, name, capability, seen_by), and the words behind them, each line
+    saying which framework it is from."""
+
+    torch: Optional[int]
+    jax: Optional[int]
+    devices: tuple
+    words: list
+
+
+def _env_gpus(launcher, env: dict, opts: WitnessOptions) -> EnvGpus:
     launched = launcher.run("gpus.py", [], env, opts.check_timeout_s + LAUNCH_MARGIN_S, None)
     rec = next((r for r in parse_sentinels(launched.output) if r["check"] == "gpus"), None)
     if rec is None:
-        return None, None, [f"torch: the env's torch did not answer: {why_missing(launched, opts.check_timeout_s)}"]
+        return EnvGpus(None, None, (), [f"torch: the env's torch did not answer: "
+                                        f"{why_missing(launched, opts.check_timeout_s)}"])
     jax_n, words = _jax_gpus(rec.get("jax"))
+    jax_cards = _cards((rec.get("jax") or {}).get("devices"), "jax") if jax_n else ()
     if not rec.get("ok"):
-        return None, jax_n, [f"torch: the env's torch: {rec.get('error')}"] + words
-    return int(rec.get("count") or 0), jax_n, [f"torch: {x}" for x in rec.get("warnings") or []] + words
+        return EnvGpus(None, jax_n, jax_cards, [f"torch: the env's torch: {rec.get('error')}"] + words)
+    torch_n = int(rec.get("count") or 0)
+    # The cards of the framework the census judges by (GpuCensus.judged_by): torch's, else JAX's.
+    cards = _cards(rec.get("devices"), "torch") if torch_n >= (jax_n or 0) else jax_cards
+    return EnvGpus(torch_n, jax_n, cards, [f"torch: {x}" for x in rec.get("warnings") or []] + words)
+
+
+def _cards(devices, seen_by: str) -> tuple:
+    return tuple({"index": d.get("index"), "name": d.get("name"), "capability": d.get("capability"),
+                  "seen_by": seen_by} for d in devices or [] if isinstance(d, dict))
 
 
 def _jax_gpus(jax: Optional[dict]) -> tuple[Optional[int], list[str]]:
@@ -44,16 +63,20 @@ def _jax_gpus(jax: Optional[dict]) -> tuple[Optional[int], list[str]]:
 
 
 def gpu_census(spec: Spec, opts: WitnessOptions, launcher, env: dict) -> tuple[Optional[GpuCensus], list[str]]:
-    """Count the GPUs (nvidia-smi, then the env's torch and JAX where GPUs may be there); None for --device cpu."""
+    """Count the GPUs (nvidia-smi, then the env's torch and JAX where GPUs may be there); None for --device cpu.
+    nvidia-smi's driver version rides along where nvidia-smi was asked here (not for a count the caller gave)."""
     if opts.device == "cpu":
         return None, []
-    from envport.engines.gpu import gpu_count
+    from envport.engines.gpu import gpu_inventory, smi_count
 
-    smi = opts.host_gpus if opts.host_gpus is not None else gpu_count()
-    torch_n, jax_n, words = opts.torch_gpus, None, []
-    if torch_n is None and (requires_gpu(spec, opts) or (smi or 0) > 0):
-        torch_n, jax_n, words = _env_gpus(launcher, env, opts)
-    return GpuCensus(smi, torch_n, jax=jax_n), words
+    smi, driver = opts.host_gpus, None
+    if smi is None:
+        inv = gpu_inventory()
+        smi, driver = smi_count(inv), inv.get("driver")
+    seen = EnvGpus(opts.torch_gpus, None, (), [])
+    if seen.torch is None and (requires_gpu(spec, opts) or (smi or 0) > 0):
+        seen = _env_gpus(launcher, env, opts)
+    return GpuCensus(smi, seen.torch, jax=seen.jax, devices=seen.devices, driver=driver), seen.words
 
 
 def census_result(census: GpuCensus, words: list[str]) -> StepResult:

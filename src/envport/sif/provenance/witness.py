@@ -59,11 +59,18 @@ def entry(r) -> dict:
 
 
 def gpus_seen(steps) -> list:
-    """The census the run took (witness/census.py), as one entry per GPU count it saw; [] for none."""
+    """The GPUs the run saw, from the census it took (witness/census.py): one entry per card the env's framework
+    listed (model, compute capability, nvidia-smi's driver where the run was counted, which framework saw it);
+    where it listed none but GPUs were counted (a Slurm allocation's gres), the census's counts; [] for none."""
     for r in steps:
         census = (r.data or {}).get("census") if r.step == "gpus" else None
-        if census:
-            return [census]
+        if not census:
+            continue
+        cards = census.get("devices") or []
+        if cards:
+            return [{"index": d.get("index"), "model": d.get("name"), "capability": d.get("capability"),
+                     "driver": census.get("driver"), "seenBy": d.get("seen_by")} for d in cards]
+        return [census] if census.get("count") else []
     return []
 
 
