@@ -24,8 +24,13 @@ def register(sub) -> None:
                        "--cert-dir). A target that cannot push is refused, unsupported, with why. TLS: the site profile's "
                        "registry_ca, else the system's CAs. Credentials: ENVPORT_REGISTRY_USER and "
                        "ENVPORT_REGISTRY_PASSWORD, else the docker config file (never on the command line). "
+                       "--attest KEY.pem (docker, podman): after the push, a SLSA provenance v1 statement about "
+                       "the manifest the registry holds under the hash12 tag, signed with the key (DSSE), is "
+                       "attached to it as an OCI referrer (docs/provenance.md); a SIF's statements are in the "
+                       "file and attached at every push, so --attest with a SIF target is a usage error. "
                        "Exit 0 pushed, 3 refused (registry_unreachable, sif_missing, image_missing, denied, "
-                       "tls_failed, sif_other_env, not_envport, unsupported), 1 failed, 2 usage.")
+                       "tls_failed, sif_other_env, not_envport, unsupported, digest_mismatch), 1 failed, 2 usage "
+                       "(a key that does not load: before anything is pushed).")
     p.add_argument("spec", metavar="NAME|PATH")
     p.add_argument("--to", required=True, metavar="oras://HOST/REPO[:TAG]", help="the registry repository")
     p.add_argument("--target", choices=NAMES, default="apptainer",
@@ -37,8 +42,49 @@ def register(sub) -> None:
     p.add_argument("--site", default=None, metavar="NAME|FILE", help="site profile: NAME (the project's "
                    "sites/NAME.yaml) or FILE (a path ending .yaml or .yml); default: local. The env's hash and "
                    "registry_ca")
+    p.add_argument("--attest", default=None, metavar="KEY.pem", help="an image target: attach the image's build "
+                   "provenance (SLSA v1, signed with this PEM private key, the keys `envport sign` takes) as an OCI "
+                   "referrer of the pushed manifest")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(func=run)
+
+
+def _attest(args, root, site, identity):
+    """--attest's keys, loaded now (a bad key is exit 2 before anything is pushed), with the build's times from
+    this machine's ledger; None without --attest. A SIF target is a usage error: its statements are read from
+    the file and attached at every push."""
+    from envport.commands.sign import load_signers
+    from envport.core.errors import EnvportError
+    from envport.sif.provenance.image import ImageAttest
+    from envport.targets.registry import get
+
+    if not args.attest:
+        return None
+    if get(args.target).signs:
+        raise EnvportError(f"envport push --attest is for an image target: a {args.target} env's statements are in "
+                           "its SIF (build --sign, witness --attest, envport attest FILE.sif --key KEY.pem) and every "
+                           "push attaches them as referrers; push without --attest", exit_code=2)
+    signers = tuple(load_signers([args.attest]))
+    return ImageAttest(signers, *_build_times(root, site, identity, args.target))
+
+
+def _build_times(root, site, identity, target: str):
+    """(started, finished) of the newest build of IDENTITY by TARGET this machine's ledger recorded as built
+    (verdict OK: `present` records a check, not a build): finished = when the record was written, right after
+    the build, started = that less its seconds. (None, None) when there is none."""
+    from datetime import datetime, timedelta
+
+    from envport.report import ledger
+
+    for rec in reversed(ledger.read(root, identity.name, getattr(site, "ledger_dir", None))):
+        if rec.get("kind") == "build" and rec.get("target") == target and rec.get("hash") == identity.hash \
+                and rec.get("verdict") == "OK":
+            try:
+                finished = datetime.fromisoformat(str(rec["when"]))
+                return finished - timedelta(seconds=float(rec.get("seconds") or 0)), finished
+            except (KeyError, ValueError, TypeError):
+                break
+    return None, None
 
 
 def run(args) -> int:
@@ -61,8 +107,9 @@ def run(args) -> int:
     loaded = load_one(args, args.spec)
     site = load_site(args.site, root)
     named = (*([ref.tag] if ref.tag else []), *args.tag)
-    req = PushRequest(loaded, site, root, identify(loaded, site), ref, named,
-                      sif=Path(args.sif) if args.sif else None)
+    identity = identify(loaded, site)
+    req = PushRequest(loaded, site, root, identity, ref, named, sif=Path(args.sif) if args.sif else None,
+                      attest=_attest(args, root, site, identity))
     try:
         result = get(args.target).push(req)
     except Unsupported as exc:

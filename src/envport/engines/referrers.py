@@ -1,13 +1,14 @@
-"""In-toto statements as OCI referrers of a pushed SIF (the OCI distribution spec 1.1's referrers).
+"""In-toto statements as OCI referrers of a pushed SIF or image (the OCI distribution spec 1.1's referrers).
 
-Each statement (a DSSE envelope, sif/provenance/) becomes one artifact manifest in the SIF's repository:
+Each statement (a DSSE envelope, sif/provenance/) becomes one artifact manifest in the subject's repository:
 `artifactType` application/vnd.in-toto+json, the empty config (`{}`, application/vnd.oci.empty.v1+json),
 one layer holding the envelope (application/vnd.dsse.envelope.v1+json, annotated with its predicate type),
-and `subject` = the SIF's manifest. A registry with the referrers API (`GET /v2/REPO/referrers/DIGEST`) lists
-them itself; for one without it (CNCF distribution 2.8, Debian's docker-registry) the spec's fallback is kept
-too: an image index under the tag `sha256-<hex of the subject digest>` listing every referrer, which is what
-`oras discover` reads there. Pushing the same statement twice writes the same manifest (same digest) and
-lists it once.
+and `subject` = the SIF's or image's manifest, with the media type the registry holds it under (an image
+docker pushed is a Docker v2 schema-2 manifest). A registry with the referrers API
+(`GET /v2/REPO/referrers/DIGEST`) lists them itself; for one without it (CNCF distribution 2.8, Debian's
+docker-registry) the spec's fallback is kept too: an image index under the tag `sha256-<hex of the subject
+digest>` listing every referrer, which is what `oras discover` reads there. Pushing the same statement twice
+writes the same manifest (same digest) and lists it once.
 """
 
 from __future__ import annotations
@@ -89,13 +90,29 @@ def _fallback_index(client: Client, ref: Ref, subject_digest: str) -> list:
     return list(json.loads(data).get("manifests") or [])
 
 
+def subject_media_type(manifest: bytes) -> str:
+    """The media type of the manifest MANIFEST (bytes as the registry serves them): its own `mediaType`, which
+    a Docker v2 schema-2 manifest (docker push) and an OCI one (apptainer, podman) both carry; a manifest
+    without one is OCI's, where the field is optional. A referrer's `subject` must name the type the
+    registry holds, not the one a pusher assumes."""
+    try:
+        doc = json.loads(manifest)
+    except (ValueError, RecursionError):
+        raise RegistryError("registry_error", "the registry's manifest is not JSON: no statement can name it as "
+                            "its subject") from None
+    media_type = doc.get("mediaType") if isinstance(doc, dict) else None
+    return media_type if isinstance(media_type, str) and media_type else OCI_MANIFEST
+
+
 def push_statements(ref: Ref, statements: list[tuple[bytes, str]], *, ca: Optional[str] = None,
-                    insecure: bool = False) -> list[str]:
-    """Attach each (DSSE envelope, predicate type) of STATEMENTS to the SIF manifest REF names; the referrer
-    manifests' digests. RegistryError as the push's own."""
+                    insecure: bool = False, subject_manifest: Optional[bytes] = None) -> list[str]:
+    """Attach each (DSSE envelope, predicate type) of STATEMENTS to the manifest REF names (a SIF's or an
+    image's); the referrer manifests' digests. SUBJECT_MANIFEST: that manifest's bytes as the caller already
+    read them from the registry (the statements name its digest), else read here. RegistryError as the
+    push's own."""
     client = Client(ref.host, ca, insecure)
-    subject_bytes = client.manifest_bytes(ref)
-    subject = descriptor(OCI_MANIFEST, subject_bytes)
+    subject_bytes = client.manifest_bytes(ref) if subject_manifest is None else subject_manifest
+    subject = descriptor(subject_media_type(subject_bytes), subject_bytes)
     container = client.container(ref)
     added = []
     with client.errors(ref, "attaching statements to"):

@@ -136,6 +136,7 @@ class PushRequest:
     ref: Any  # engines.registry's parsed --to reference
     named: tuple[str, ...] = ()  # the tags the user named (--to's, then each --tag)
     sif: Optional[Path] = None  # --sif FILE: push this file instead of the built one (a SIF target)
+    attest: Any = None  # --attest: sif.provenance.image.ImageAttest (an image target's build provenance)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class Docker(Target):
 
         engine = ImageEngine(self.name, "docker", cli_env(), image_exists)
         tags = list(dict.fromkeys([req.identity.hash12, *req.named]))
-        return push_image(engine, req.identity, req.ref, tags, req.loaded.spec.name)
+        return push_image(engine, req, tags, self)
 
     def sbom(self, req):
         from envport.targets.sbom import from_docker_image

@@ -181,7 +181,7 @@ class Podman(Target):
                                  push_args=lambda host: _engine().push_options(work, host, req.site.registry_ca),
                                  read_digest=lambda: _read(work / "digest"))
             tags = list(dict.fromkeys([req.identity.hash12, *req.named]))
-            return push_image(engine, req.identity, req.ref, tags, req.loaded.spec.name)
+            return push_image(engine, req, tags, self)
 
     def sbom(self, req):
         from datetime import datetime

@@ -1,10 +1,15 @@
 """What `envport push` does for the targets that can push (the SIF as ORAS, an image by its engine).
 
 Moved from commands/push.py: each target's `push()` calls one of these; the command asks the target.
+An image pushed with `--attest` gets its build provenance as an OCI referrer of the manifest the registry holds
+(`attach_provenance`: the engine and the registry are read here, the statement is sif/provenance/image.py's);
+a SIF carries its statements and `push_sif` attaches them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -122,13 +127,16 @@ class ImageEngine:
     read_digest: Callable[[], str] = lambda: ""  # the manifest digest, where the CLI writes it to a file
 
 
-def push_image(engine: ImageEngine, identity, ref, tags: list[str], name: str):
-    """The image envport/<name>:<hash12> tagged HOST/REPO:TAG for each of TAGS and pushed by ENGINE."""
+def push_image(engine: ImageEngine, req, tags: list[str], target):
+    """The image envport/<name>:<hash12> of REQ (targets/base.py PushRequest) tagged HOST/REPO:TAG for each of
+    TAGS and pushed by ENGINE; with REQ.attest, its build provenance attached as a referrer
+    (`attach_provenance`)."""
     from envport.core.verdict import StepResult, Verdict
     from envport.core.proc import run as proc_run
     from envport.core.progress import tail
     from envport.engines import registry
 
+    identity, ref, name = req.identity, req.ref, req.loaded.spec.name
     step = f"push {identity.image_tag} -> {ref.with_tag(tags[0])}"
     if not engine.has_image(identity.image_tag):
         return StepResult(step, Verdict.REFUSED, f"the {engine.cli} engine has no image {identity.image_tag}",
@@ -150,5 +158,79 @@ def push_image(engine: ImageEngine, identity, ref, tags: list[str], name: str):
                                   seconds=time.monotonic() - start)
         digest = next((w for w in proc.stdout.split() if w.startswith("sha256:")), "") or engine.read_digest()
         pushed.append(dest)
-    return StepResult(step, Verdict.OK, f"tags {', '.join(tags)}, manifest {digest}",
-                      seconds=time.monotonic() - start, data={"pushed": pushed, "manifest_digest": digest})
+    data = {"pushed": pushed, "manifest_digest": digest}
+    if req.attest is None:
+        return StepResult(step, Verdict.OK, f"tags {', '.join(tags)}, manifest {digest}",
+                          seconds=time.monotonic() - start, data=data)
+    return _attested(step, engine, req, target, ref.with_tag(tags[0]), tags, data, start)
+
+
+def _attested(step: str, engine: ImageEngine, req, target, ref, tags: list[str], data: dict, start: float):
+    """The push's result once the image's build provenance is attached at REF (its hash12 tag), or why not."""
+    from envport.core.verdict import StepResult, Verdict
+    from envport.engines.registry import RegistryError
+    from envport.sif.provenance.statement import BadStatement
+
+    try:
+        attached = attach_provenance(engine, req, target, ref, data["manifest_digest"])
+    except BadStatement as exc:  # envport's own statement did not validate: a bug, said as one
+        return StepResult(step, Verdict.FAILED, f"the image was pushed (manifest {data['manifest_digest'] or '?'}), "
+                          f"its build provenance is not a valid statement: {exc}", seconds=time.monotonic() - start,
+                          data=data)
+    except RegistryError as exc:
+        return StepResult(step, Verdict.REFUSED, f"the image was pushed (manifest {data['manifest_digest'] or '?'}), "
+                          f"its build provenance was not attached as a referrer: {exc}", reason=exc.reason,
+                          seconds=time.monotonic() - start, data=data)
+    return StepResult(step, Verdict.OK, f"tags {', '.join(tags)}, manifest {attached['manifest_digest']} "
+                      f"({attached['manifest_media_type']}); 1 in-toto statement attached as an OCI referrer",
+                      seconds=time.monotonic() - start, data={**data, **attached})
+
+
+def engine_image(engine: ImageEngine, ref: str):
+    """REF as ENGINE holds it (sif/provenance/image.py EngineImage: id, layers), or None when it has none."""
+    from envport.core.proc import run as proc_run
+    from envport.sif.provenance.image import EngineImage
+
+    proc = proc_run([engine.cli, "image", "inspect", "--format", "{{.Id}}\t{{json .RootFS.Layers}}", ref],
+                    env=engine.env, timeout=60)
+    if not proc.ok:
+        return None
+    image_id, _, layers = proc.stdout.strip().partition("\t")
+    # podman writes the id without its algorithm; docker with it.
+    return EngineImage(image_id if image_id.startswith("sha256:") else f"sha256:{image_id}",
+                       tuple(json.loads(layers or "null") or ()))
+
+
+def attach_provenance(engine: ImageEngine, req, target, ref, cli_digest: str) -> dict:
+    """Sign the SLSA provenance of REQ's image (pushed by ENGINE for TARGET) about the manifest the registry
+    holds at REF, checked to be that image (sif/provenance/image.py), and attach it as a referrer; {manifest_digest,
+    manifest_media_type, referrers, base, times}. RegistryError as the push's own: `digest_mismatch` when the
+    registry's manifest is another image's (nothing attached)."""
+    from envport.builders.spec_object import spec_object
+    from envport.engines.referrers import push_statements, subject_media_type
+    from envport.engines.registry import Client, RegistryError
+    from envport.plan.steps import BaseStep
+    from envport.recipe.identity import resolve
+    from envport.sif.provenance.image import base_source, manifest_mismatch, statement_envelope
+    from envport.sif.provenance.slsa import facts_from_embedded
+    from envport.sif.provenance.statement import SLSA_PROVENANCE
+
+    image = engine_image(engine, req.identity.image_tag)
+    if image is None:
+        raise RegistryError("image_missing", f"the {engine.cli} engine no longer has {req.identity.image_tag}: no "
+                            "statement was attached; build it again and push")
+    resolved = resolve(req.loaded, req.site, target)
+    base = next(s.image for s in resolved.plan.steps if isinstance(s, BaseStep))
+    source = base_source(target.name, base, engine_image(engine, base), image)
+    facts = facts_from_embedded(spec_object(req.loaded, resolved, req.site.name, source), target=target.name,
+                                started=req.attest.started, finished=req.attest.finished)
+    manifest = Client(ref.host, req.site.registry_ca).manifest_bytes(ref)
+    mismatch = manifest_mismatch(manifest, image, cli_digest)
+    if mismatch:
+        raise RegistryError("digest_mismatch", f"{ref}: {mismatch}; no statement was attached: push again")
+    envelope = statement_envelope(facts, f"{ref.host}/{ref.repo}", manifest, req.attest.signers)
+    referrers = push_statements(ref, [(envelope, SLSA_PROVENANCE)], ca=req.site.registry_ca,
+                                subject_manifest=manifest)
+    return {"manifest_digest": f"sha256:{hashlib.sha256(manifest).hexdigest()}",
+            "manifest_media_type": subject_media_type(manifest), "referrers": referrers, "base": source,
+            "times": "the ledger's build record" if req.attest.finished else "none (no build record here)"}

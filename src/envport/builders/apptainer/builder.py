@@ -64,6 +64,7 @@ from envport.recipe.render import WHEELHOUSE_CONTEXT_NAME, render_plan
 from envport.sif import squashfs_writer
 from envport.sif.sbom import embed_sbom
 from envport.sif.squash_blocks import BlockStore, write_pack
+from envport.builders.spec_object import spec_object
 from envport.spec.loader import Loaded
 
 TARGET = "apptainer"
@@ -571,9 +572,8 @@ class SifBuild:
     def _spec_json(self, base: boot.Base, digest: str, size: int) -> bytes:
         # The partition's sha256 lets `inspect` tell a damaged copy from its build (a forger can rewrite it
         # too: only a signature says who built it).
-        doc = {"envport_version": __version__, "name": self.loaded.spec.name, "hash": self.resolved.hash,
-               "site": self.site.name, "base": base.source, "partition": {"sha256": digest, "size": size},
-               "spec": self.loaded.spec.model_dump(mode="json"), **embedded_lock(self.resolved.plan)}
+        doc = spec_object(self.loaded, self.resolved, self.site.name, base.source,
+                          partition={"sha256": digest, "size": size})
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
@@ -631,17 +631,6 @@ def _remove_volatile(rootfs: Path) -> None:
         for path in sorted(rootfs.glob(rel)):
             if path.is_file() or path.is_symlink():
                 path.unlink()
-
-
-def embedded_lock(plan) -> dict:
-    """{"lock": [{"phase", "dists": [[name, version, sha256], ...]}, ...]} of PLAN's locked phases, for the
-    spec object: an admin without the project judges the image against the lock it was built from (`envport
-    inspect`); {} for a build without a lock."""
-    from envport.plan.steps import PipStep
-
-    phases = [{"phase": s.index, "dists": [[d.name, d.version, d.sha256] for d in s.locked]}
-              for s in plan.steps if isinstance(s, PipStep) and s.locked]
-    return {"lock": phases} if phases else {}
 
 
 def _defang(rootfs: Path) -> tuple[int, int]:
