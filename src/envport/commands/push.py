@@ -76,15 +76,13 @@ def _build_times(root, site, identity, target: str):
 
     from envport.report import ledger
 
-    for rec in reversed(ledger.read(root, identity.name, getattr(site, "ledger_dir", None))):
-        if rec.get("kind") == "build" and rec.get("target") == target and rec.get("hash") == identity.hash \
-                and rec.get("verdict") == "OK":
-            try:
-                finished = datetime.fromisoformat(str(rec["when"]))
-                return finished - timedelta(seconds=float(rec.get("seconds") or 0)), finished
-            except (KeyError, ValueError, TypeError):
-                break
-    return None, None
+    rec = ledger.previous_build(ledger.read(root, identity.name, getattr(site, "ledger_dir", None)), target,
+                                hash_prefix=identity.hash, verdicts=("OK",))
+    try:
+        finished = datetime.fromisoformat(str(rec["when"]))
+        return finished - timedelta(seconds=float(rec.get("seconds") or 0)), finished
+    except (KeyError, ValueError, TypeError):  # no such record (None), or one without a readable time
+        return None, None
 
 
 def run(args) -> int:

@@ -170,12 +170,14 @@ GOOD = ("OK", "present")
 
 
 def previous_build(records: list[dict], target: str, *, ssh_host: Optional[str] = None,
-                   hash_prefix: Optional[str] = None, other_than: Optional[str] = None) -> Optional[dict]:
+                   hash_prefix: Optional[str] = None, other_than: Optional[str] = None,
+                   verdicts: tuple[str, ...] = GOOD) -> Optional[dict]:
     """The newest good build record of TARGET (on SSH_HOST, None: this machine) whose hash starts with
-    HASH_PREFIX (the env a build replaced), or else is not OTHER_THAN (the env built before this one)."""
+    HASH_PREFIX (the env a build replaced), or else is not OTHER_THAN (the env built before this one).
+    VERDICTS: ("OK",) for a record of the build itself, not of a later `present` check."""
     for rec in reversed(records):
         h = str(rec.get("hash") or "")
-        if rec.get("kind") != "build" or rec.get("target") != target or rec.get("verdict") not in GOOD or not h:
+        if rec.get("kind") != "build" or rec.get("target") != target or rec.get("verdict") not in verdicts or not h:
             continue
         if (rec.get("ssh_host") or None) != ssh_host:
             continue

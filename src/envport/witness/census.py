@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple, Optional
 
 from envport.core.verdict import StepResult, Verdict
@@ -20,29 +21,28 @@ def host_gpu_count() -> int:
 
 class EnvGpus(NamedTuple):
     """What the env's own frameworks said: torch's count and JAX's (None: did not answer / not installed), the
-    cards the judging one listed (index, name, capability, seen_by), and the words behind them, each line
-    saying which framework it is from."""
+    cards each listed (index, name, capability, seen_by), and the words behind them, each line saying which
+    framework it is from."""
 
     torch: Optional[int]
     jax: Optional[int]
-    devices: tuple
     words: list
+    torch_cards: tuple = ()
+    jax_cards: tuple = ()
 
 
 def _env_gpus(launcher, env: dict, opts: WitnessOptions) -> EnvGpus:
     launched = launcher.run("gpus.py", [], env, opts.check_timeout_s + LAUNCH_MARGIN_S, None)
     rec = next((r for r in parse_sentinels(launched.output) if r["check"] == "gpus"), None)
     if rec is None:
-        return EnvGpus(None, None, (), [f"torch: the env's torch did not answer: "
-                                        f"{why_missing(launched, opts.check_timeout_s)}"])
+        return EnvGpus(None, None, [f"torch: the env's torch did not answer: "
+                                    f"{why_missing(launched, opts.check_timeout_s)}"])
     jax_n, words = _jax_gpus(rec.get("jax"))
     jax_cards = _cards((rec.get("jax") or {}).get("devices"), "jax") if jax_n else ()
     if not rec.get("ok"):
-        return EnvGpus(None, jax_n, jax_cards, [f"torch: the env's torch: {rec.get('error')}"] + words)
-    torch_n = int(rec.get("count") or 0)
-    # The cards of the framework the census judges by (GpuCensus.judged_by): torch's, else JAX's.
-    cards = _cards(rec.get("devices"), "torch") if torch_n >= (jax_n or 0) else jax_cards
-    return EnvGpus(torch_n, jax_n, cards, [f"torch: {x}" for x in rec.get("warnings") or []] + words)
+        return EnvGpus(None, jax_n, [f"torch: the env's torch: {rec.get('error')}"] + words, jax_cards=jax_cards)
+    return EnvGpus(int(rec.get("count") or 0), jax_n, [f"torch: {x}" for x in rec.get("warnings") or []] + words,
+                   _cards(rec.get("devices"), "torch"), jax_cards)
 
 
 def _cards(devices, seen_by: str) -> tuple:
@@ -73,10 +73,13 @@ def gpu_census(spec: Spec, opts: WitnessOptions, launcher, env: dict) -> tuple[O
     if smi is None:
         inv = gpu_inventory()
         smi, driver = smi_count(inv), inv.get("driver")
-    seen = EnvGpus(opts.torch_gpus, None, (), [])
+    seen = EnvGpus(opts.torch_gpus, None, [])
     if seen.torch is None and (requires_gpu(spec, opts) or (smi or 0) > 0):
         seen = _env_gpus(launcher, env, opts)
-    return GpuCensus(smi, seen.torch, jax=seen.jax, devices=seen.devices, driver=driver), seen.words
+    census = GpuCensus(smi, seen.torch, jax=seen.jax, driver=driver)
+    # The cards of the framework the census judges by: torch's, else JAX's where only it sees them.
+    cards = seen.jax_cards if census.judged_by == "jax" else seen.torch_cards
+    return replace(census, devices=cards), seen.words
 
 
 def census_result(census: GpuCensus, words: list[str]) -> StepResult:
