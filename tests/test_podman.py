@@ -65,6 +65,7 @@ WHOLE_EXPORT_SBOM = textwrap.dedent("""
     from datetime import datetime
     from pathlib import Path
     from envport.engines import podman
+    from envport.engines.docker import export_rootfs
     from envport.sif import sbom
 
     doc = json.loads(Path(sys.argv[2]).read_text())
@@ -73,7 +74,7 @@ WHOLE_EXPORT_SBOM = textwrap.dedent("""
                           lock=None if props["envport:lock"] == "none" else props["envport:lock"],
                           created=datetime.fromisoformat(doc["metadata"]["timestamp"]))
     with tempfile.TemporaryDirectory() as tmp:
-        podman.export_rootfs(sys.argv[1], Path(tmp) / "whole")
+        export_rootfs(sys.argv[1], Path(tmp) / "whole", docker=podman.podman(), env=podman.cli_env())
         print(sbom.make_sbom(Path(tmp) / "whole", facts)[0])
 """)
 

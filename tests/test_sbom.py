@@ -394,10 +394,15 @@ def test_an_extracted_sif_gives_the_mounted_ones_sbom_from_a_fraction_of_its_byt
     facts = sbom.sif_facts(info)
     mounted_text, packages = sbom.sif_sbom(gate(small_sif.path), facts)
     part = primary_partition(info)
-    dest = tmp_path / "rootfs"
+    dest, whole = tmp_path / "rootfs", tmp_path / "whole"
     dest.mkdir()
+    whole.mkdir()
     with SifFile.open(small_sif.path) as sif:
         _extract(sif, part.offset, part.size, dest, sbom.extract_patterns())
+        # The whole partition, by no pattern: where no mount works, sif_sbom's own route is the filtered
+        # extraction, and a pattern it lacked would be lacking on both sides.
+        _extract(sif, part.offset, part.size, whole)
+    assert sbom.make_sbom(whole, facts)[0] == mounted_text
     assert sbom.make_sbom(dest, facts)[0] == mounted_text and len(packages) > 50
     files = [p for p in dest.rglob("*") if not p.is_dir()]
     keep = sbom.needed()

@@ -357,17 +357,21 @@ def mounted_layers(layers: list[str]):
 
 
 @contextlib.contextmanager
-def image_files(image: str, keep: Callable[[str], bool], graph: Optional[dict] = None, docker: str = "docker"):
+def image_files(image: str, keep: Callable[[str], bool], graph: Optional[dict] = None, docker: str = "docker",
+                env: Optional[dict] = None):
     """(tree, how): IMAGE's files as a folder a reader opens only the files it needs from, at the cost of what
     it reads.  `mounted`: the engine's overlay2 layers mounted read-only (mounted_layers; ~10 ms whatever the
     image's size), where this process may; else `streamed`: `docker export` filtered to the files KEEP
     accepts (export_files; the engine's stream of the whole filesystem, ~1 GB with torch, is paid, but no
-    file is written but those).  GRAPH: the image's GraphDriver when the caller has it (else inspected)."""
+    file is written but those).  GRAPH: the image's GraphDriver when the caller has it (else inspected; {}:
+    not docker's overlay2, always streamed).  DOCKER, ENV: the engine's CLI (docker or podman) and its
+    environment."""
     import tempfile
 
+    env = cli_env() if env is None else env
     if graph is None:
         out = proc_run([docker, "image", "inspect", "--format", "{{json .GraphDriver}}", image], timeout=30,
-                       env=cli_env())
+                       env=env)
         graph = json.loads(out.stdout) if out.ok and out.stdout.strip() else None
     layers = layers_mountable(graph)
     if layers is not None:
@@ -378,7 +382,7 @@ def image_files(image: str, keep: Callable[[str], bool], graph: Optional[dict] =
     with tempfile.TemporaryDirectory(prefix="envport-files-") as tmp:
         tree = Path(tmp) / "rootfs"
         tree.mkdir()
-        export_files(image, tree, keep, docker=docker)
+        export_files(image, tree, keep, docker=docker, env=env)
         yield tree, "streamed"
 
 

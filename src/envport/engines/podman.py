@@ -261,10 +261,3 @@ def push_options(work: Path, host: str, ca: Optional[Path]) -> list[str]:
 
 def has_image(ref: str) -> bool:
     return image(ref) is not None
-
-
-def export_rootfs(ref: str, dest: Path) -> None:
-    """REF's filesystem unpacked into DEST (`podman create` + `podman export | tar -x`), never started."""
-    from envport.engines.docker import export_rootfs as engine_export
-
-    engine_export(ref, dest, docker=podman(), env=cli_env())

@@ -101,7 +101,8 @@ class PipStep:
     # Who installs it, set by the site profile: pip or uv (from the PyPI wheel, outside the env).
     installer: str = "pip"
     # When its .py files are compiled: "build" (before the next phase) or "first-import", set by the
-    # site profile with the installer (Site.bytecode_mode; bytecode_args says how each is told).
+    # site profile with the installer (Site.bytecode_mode; compiles_after says whether the recipe compiles
+    # after the phase).
     bytecode: str = "build"
     kind: str = "pip"
 

@@ -136,20 +136,17 @@ def from_image(step: str, identity, client: str, env: dict, facts, fmt: str):
     created and never started (CLIENT podman or docker, ENV its environment) streamed, and only the files the
     SBOM reads written to a private tmp dir (engines/docker.py export_files: docker's streamed route, `needed`).
     The same SBOM as of the whole exported filesystem."""
-    import tempfile
-
-    from envport.engines.docker import ExportError, export_files
+    from envport.engines.docker import ExportError, image_files
     from envport.sif import sbom
 
-    with tempfile.TemporaryDirectory(prefix="envport-sbom-") as tmp:
-        tree = Path(tmp) / "rootfs"
-        tree.mkdir()
-        try:
-            export_files(identity.image_tag, tree, sbom.needed(sbom.CONTAINER_VENV), docker=client, env=env)
-        except ExportError as exc:
-            from envport.core.verdict import StepResult, Verdict
-            return StepResult(step, Verdict.FAILED, str(exc)), None
-        return _written(step, tree, facts, fmt)
+    try:
+        # graph={}: CLIENT's layers are not the docker engine's overlay2 mounts, so the export is streamed.
+        with image_files(identity.image_tag, sbom.needed(sbom.CONTAINER_VENV), graph={}, docker=client,
+                         env=env) as (tree, _):
+            return _written(step, tree, facts, fmt)
+    except ExportError as exc:
+        from envport.core.verdict import StepResult, Verdict
+        return StepResult(step, Verdict.FAILED, str(exc)), None
 
 
 def from_built_sif(req, sif_path: Path):
