@@ -59,7 +59,6 @@ class BlockStore:
         self.index: dict[str, Hit] = {}
         self.bad: dict[Path, str] = {}  # pack directory -> why it is not used
         self._lock = threading.Lock()
-        self.fetched = self.checked_bytes = 0
         for folder in pack_dirs:
             self._load(Path(folder))
 
@@ -107,10 +106,7 @@ class BlockStore:
             self._mark_bad(self.packs[hit.pack], f"the blocks of content {sha256[:12]} at byte {hit.offset} "
                                                  "do not match the hash its index.json records (damaged)")
             return None
-        with self._lock:
-            self.fetched += 1
-            self.checked_bytes += length
-        return data, list(hit.words)
+        return data, list(hit.words), hit.digest
 
     def close(self) -> None:
         for fd in self.fds:

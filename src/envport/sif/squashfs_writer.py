@@ -187,9 +187,9 @@ class BlockSource(Protocol):
     def has(self, sha256: str, size: int) -> bool:
         """Blocks of content SHA256 (SIZE bytes) are kept (not yet checked)."""
 
-    def fetch(self, sha256: str, size: int) -> Optional[tuple[bytes, list[int]]]:
-        """(the file's compressed blocks back to back, each block's size word) for content SHA256 of SIZE
-        bytes, checked; None when not kept or not intact."""
+    def fetch(self, sha256: str, size: int) -> Optional[tuple[bytes, list[int], str]]:
+        """(the file's compressed blocks back to back, each block's size word, their sha256 as checked) for
+        content SHA256 of SIZE bytes; None when not kept or not intact."""
 
 
 @dataclass
@@ -216,7 +216,6 @@ class Stored:
 @dataclass
 class WriteResult:
     size: int
-    inodes: int
     data_end: int
     files: dict[str, Stored]  # content sha256 -> where its blocks are in the image
     params: dict = field(default_factory=dict)  # what its blocks depend on besides the data (Codec.params)
@@ -225,7 +224,6 @@ class WriteResult:
     files_compressed: int = 0
     files_reused: int = 0
     xattrs_dropped: dict[str, int] = field(default_factory=dict)  # xattr name -> entries that had it
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 # --- the tree ------------------------------------------------------------------------------------------
@@ -430,8 +428,9 @@ class DataWriter:
             except FutureTimeout:
                 self._progress(force=True)
 
-    def _write_reused(self, node: Node, data: bytes, words: list[int]) -> None:
-        self.files[node.sha256] = Stored(self.out.tell(), list(words), hashlib.sha256(data).hexdigest())
+    def _write_reused(self, node: Node, data: bytes, words: list[int], digest: str) -> None:
+        # DIGEST: the store checked DATA against it as it read them; not hashed again here.
+        self.files[node.sha256] = Stored(self.out.tell(), list(words), digest)
         self.out.write(data)
         self.counts["blocks_reused"] += len(words)
         self.counts["files_reused"] += 1
@@ -605,19 +604,14 @@ def write_image(root: Path, out_path: Path, *, compressor: str = GZIP, level: Op
     if store is not None and store.params != comp.params():
         # a block made with other params would decompress wrong or differ from a fresh write: never mixed
         raise WriterError(f"a block store of {store.params} given to a write with {comp.params()}")
-    seconds: dict[str, float] = {}
-    t = time.monotonic()
     rootnode, order, xattrs = scan(root)
     rootnode.number = _number(rootnode, 1)
     files = [n for n in order if n.kind == FILE]
     workers = workers or os.cpu_count() or 1
-    seconds["scan"] = time.monotonic() - t
-    t = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="squashfs") as pool:
-        _hash_all(files, pool, say)
-        seconds["hash"] = time.monotonic() - t
-        say(f"squashfs: {len(order)} inodes, {len(files)} files hashed ({seconds['hash']:.0f}s)")
         t = time.monotonic()
+        _hash_all(files, pool, say)
+        say(f"squashfs: {len(order)} inodes, {len(files)} files hashed ({time.monotonic() - t:.0f}s)")
         with open(out_path, "wb") as out:
             out.write(bytes(SUPERBLOCK.size))
             if comp.options:  # mksquashfs' place for them: an uncompressed metadata block after the superblock
@@ -625,15 +619,12 @@ def write_image(root: Path, out_path: Path, *, compressor: str = GZIP, level: Op
             data = DataWriter(out, pool, workers, comp, store, say)
             data.write_all(files)
             data_end = out.tell()
-            seconds["data"] = time.monotonic() - t
-            t = time.monotonic()
             tables = Tables(mtime, comp)
             _write_inodes(rootnode, tables, data.files, len(order) + 1)
             size = _write_tables(out, tables, rootnode, len(order), mkfs_time, data_end)
     data._progress(force=True)
-    seconds["tables"] = time.monotonic() - t
-    return WriteResult(size=size, inodes=len(order), data_end=data_end, files=data.files, params=comp.params(),
-                       xattrs_dropped=dict(sorted(xattrs.items())), seconds=seconds, **data.counts)
+    return WriteResult(size=size, data_end=data_end, files=data.files, params=comp.params(),
+                       xattrs_dropped=dict(sorted(xattrs.items())), **data.counts)
 
 
 def _write_tables(out: BinaryIO, tables: Tables, rootnode: Node, inodes: int, mkfs_time: int,

@@ -48,7 +48,7 @@ from typing import Optional
 from envport import __version__
 from envport.builders.apptainer import bootstrap as boot
 from envport.builders.apptainer.deffile import DefError, DefFile, parse_def
-from envport.builders.apptainer.phase_cache import PhaseCache
+from envport.builders.apptainer.phase_cache import CacheSettingError, PhaseCache
 from envport.builders.apptainer.phases import keys as keys_of
 from envport.builders.apptainer.phases import later_files, owner, split
 from envport.builders.apptainer.post_runner import PostResult, RunnerError, copy_files, remove_rootfs, run_post
@@ -516,15 +516,12 @@ class SifBuild:
                 return StepResult(self.step, Verdict.FAILED, f"mksquashfs exited {code}; no SIF was written",
                                   lines=tail(out))
             return None
+        cache = store = None
         try:
             codec = squashfs_writer.codec(comp)
-        except squashfs_writer.WriterError as exc:
-            return StepResult(self.step, Verdict.FAILED, f"the squashfs of {rootfs} could not be written: {exc}; "
-                              "no SIF was written")
-        cache, store = self._block_store(codec.params())
-        self.say(f"squashfs: envport's writer, {codec.describe()}, no fragments ({_tree_size(rootfs)}; "
-                 f"{len(store.index) if store else 0} files' blocks kept by earlier builds)")
-        try:
+            cache, store = self._block_store(codec.params())
+            self.say(f"squashfs: envport's writer, {codec.describe()}, no fragments ({_tree_size(rootfs)}; "
+                     f"{len(store.index) if store else 0} files' blocks kept by earlier builds)")
             result = squashfs_writer.write_image(rootfs, squashfs, compressor=comp, mtime=self.created,
                                                  mkfs_time=self.created, store=store, say=self.say)
         except (squashfs_writer.WriterError, OSError) as exc:
@@ -543,7 +540,7 @@ class SifBuild:
                      "would not apply): " + ", ".join(f"{k} ({n})" for k, n in result.xattrs_dropped.items()))
         if cache is not None:
             t = time.monotonic()
-            for folder in (store.bad if store else {}):
+            for folder in store.bad:  # a cache always comes with its store (_block_store)
                 cache.remove(folder.name)
             cache.store_pack(self.loaded.spec.name, lambda folder: write_pack(folder, squashfs, result))
             self.timings["squashfs_pack"] = time.monotonic() - t
@@ -552,8 +549,6 @@ class SifBuild:
     def _block_store(self, params: dict):
         """(the phase cache, a store of its block packs made with PARAMS), or (None, None) when the cache is
         off."""
-        from envport.builders.apptainer.phase_cache import CacheSettingError
-
         try:
             cache = PhaseCache.for_site(self.site, self.root, self.say)
         except CacheSettingError as exc:
